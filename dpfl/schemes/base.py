@@ -1,0 +1,150 @@
+"""The scheme contract: a client update flows through a chain of small named steps.
+
+A round, as the engine runs it:
+
+1. select the cohort; the server *broadcasts* the model (``Scheme.downstream_bytes``);
+2. every answering client trains locally (vectorized over the cohort) and produces its
+   update ``Δw`` as one row of ``u: Tensor[k, n]`` (flat parameters, ``named_parameters`` order);
+3. ``u`` goes through ``step.client(u, ctx)`` for every step of the chain, in order
+   (compress, clip, add a noise share, ...). Shapes may change (n → m);
+4. the *transport* encodes each client's row into the exact bytes it would send
+   (``Payload``), counts them, and hands the server what it may see: the individual
+   decoded rows, or — with secure aggregation — only their sum;
+5. the *aggregator* turns that into one vector (sum, mean, data-size-weighted mean,
+   or a robust rule that needs individual rows);
+6. the aggregate goes through ``step.server(agg, ctx)`` for every step in *reverse* order
+   (decode, reconstruct, momentum, ...), ending as a full-size model delta;
+7. the engine applies ``w ← w + delta``.
+
+Everything is batched over the cohort: a step sees all k client rows at once. Steps
+keep their own state (momentum, error feedback, a Top-K set) and expose it through
+``state_dict`` / ``load_state_dict`` so runs resume bit-identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.rng import Seeds
+
+
+@dataclass
+class SetupContext:
+    """What a step may use once, before round 1."""
+
+    n_params: int
+    seeds: Seeds
+    device: torch.device
+    initial_params: torch.Tensor  # flat w_0
+    model: Any = None  # nn.Module (structure only; use engine helpers to evaluate)
+    trainer: Any = None  # engine trainer, to run local training on public data
+    public_data: Any = None  # (x, y) tensors the server may use, or None
+    clients: Any = None  # the federation's client datasets (for non-private heuristics)
+    n_clients: int = 0
+    cohort_size: int = 0
+    ledger: Any = None  # privacy ledger, or None
+
+
+@dataclass
+class RoundContext:
+    """What a step sees in one round."""
+
+    round: int  # 1-based
+    n_params: int
+    cohort: np.ndarray  # ids of the clients that answered, shape [k]
+    n_selected: int  # clients selected (answered + dropped)
+    weights: torch.Tensor  # |D_k| of the answering clients, float [k]
+    seeds: Seeds
+    device: torch.device
+    global_params: torch.Tensor  # flat w_{t-1}
+    n_clients: int = 0
+    cohort_size: int = 0  # expected |K| (C·N)
+    ledger: Any = None
+    metrics: dict[str, float] = field(default_factory=dict)  # steps add scalars here
+
+    def numpy_rng(self, *purpose: object) -> np.random.Generator:
+        return self.seeds.numpy("round", self.round, *purpose)
+
+    def torch_rng(self, *purpose: object) -> torch.Generator:
+        return self.seeds.torch("round", self.round, *purpose, device="cpu")
+
+
+class Step:
+    """One named stage of a scheme. Override what you need; defaults pass through."""
+
+    name = "step"
+
+    def setup(self, ctx: SetupContext) -> None:
+        """Called once before training (e.g. pick a Top-K set, select a clip bound)."""
+
+    def train_mask(self, ctx: RoundContext) -> torch.Tensor | None:
+        """Optional bool[n]: coordinates local training may change this round (others reset)."""
+        return None
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """Transform the cohort's updates, ``u: [k, d] -> [k, d']``."""
+        return u
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """Transform the aggregate (reverse chain order), ``[d'] -> [d]``."""
+        return agg
+
+    def downstream_bytes(self, ctx: RoundContext) -> int | None:
+        """Bytes one client downloads this round, if this step decides it (else None)."""
+        return None
+
+    def privacy_events(self, ctx: RoundContext) -> list[Any]:
+        """Privacy events this round adds to the ledger (noise steps)."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+
+@dataclass
+class Received:
+    """What the server holds after transport."""
+
+    rows: torch.Tensor | None  # decoded individual updates [k, d], None under secure aggregation
+    total: torch.Tensor  # sum over clients [d] (float64 or int64 where exact)
+    count: int  # number of contributions in `total`
+    upstream_bytes: np.ndarray  # bytes each client sent, int64 [k]
+
+
+class Transport:
+    """Encodes each client's row into its wire payload, counts bytes, decodes for the server."""
+
+    name = "transport"
+    secure = False  # True when the server only learns the sum
+
+    def setup(self, ctx: SetupContext) -> None:
+        pass
+
+    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class Aggregator:
+    """Turns what the server received into one vector."""
+
+    name = "aggregator"
+    needs_rows = False  # robust rules need individual updates (incompatible with secure agg)
+
+    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
+        raise NotImplementedError
