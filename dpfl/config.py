@@ -1,0 +1,189 @@
+"""Run configuration (TOML), validated with pydantic. Errors name the bad key and allowed values."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dpfl.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    dataset: str = "default"  # fashion-mnist | mnist | digits | default | medical-synthetic | ...
+    root: str | None = None  # directory with the dataset files (auto-discovered when None)
+    options: dict[str, Any] = Field(default_factory=dict)  # passed to load_dataset (n_train, scale, size...)
+    n_clients: int = Field(6000, ge=1)  # N
+    partition: str = "shards"  # shards | dirichlet | classes | quantity | natural
+    partition_options: dict[str, Any] = Field(default_factory=dict)  # alpha, classes_per_client, size...
+    downsample_majority: bool = False  # per-client majority down-sampling (binary tasks)
+    public_size: int = Field(0, ge=0)  # server-side public batch taken from the test set when the dataset has none
+
+
+class ModelConfig(_Strict):
+    name: str = "cnn"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(5, ge=1)  # T_gd
+    batch_size: int = Field(10, ge=1)  # |B|
+    lr: float = Field(0.215, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    prox_mu: float = Field(0.0, ge=0)
+
+
+class FederationConfig(_Strict):
+    rounds: int = Field(200, ge=1)  # T_cl
+    sampling: Literal["fixed", "poisson"] = "fixed"
+    fraction: float | None = Field(None, gt=0, le=1)  # C
+    clients_per_round: int | None = Field(None, ge=1)  # |K| (alternative to fraction)
+    dropout: float = Field(0.0, ge=0, lt=1)  # selected clients that never answer
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if self.fraction is not None and self.clients_per_round is not None:
+            raise ValueError("give federation.fraction or federation.clients_per_round, not both")
+        return self
+
+
+class SchemeConfig(_Strict):
+    name: str = "fl-std"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrivacyConfig(_Strict):
+    accountant: Literal["moments", "rdp", "pld"] = "rdp"
+    delta: float = Field(1e-5, gt=0, lt=1)
+    target_epsilon: float | None = Field(None, gt=0)  # stop before exceeding
+
+
+class EvalConfig(_Strict):
+    every: int = Field(1, ge=1)
+    batch_size: int = Field(1000, ge=1)
+    metric: str | None = None  # best-round metric; default accuracy (balanced_accuracy for binary)
+
+
+class RunSection(_Strict):
+    checkpoint_every: int = Field(10, ge=1)
+    device: str = "cpu"
+    engine: Literal["vectorized", "sequential"] = "vectorized"
+    max_cohort: int = Field(0, ge=0)  # split cohorts larger than this (memory); 0 = no limit
+    threads: int = Field(0, ge=0)  # torch threads; 0 = torch default
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("cpu", "cuda") and not v.startswith("cuda:"):
+            raise ValueError("device must be 'cpu', 'cuda' or 'cuda:N'")
+        return v
+
+
+class RunConfig(_Strict):
+    name: str = "run"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    scheme: SchemeConfig = Field(default_factory=SchemeConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunSection = Field(default_factory=RunSection)
+
+    def cohort_size(self) -> int:
+        fed = self.federation
+        if fed.clients_per_round is not None:
+            k = fed.clients_per_round
+        elif fed.fraction is not None:
+            k = int(round(fed.fraction * self.data.n_clients))
+        else:
+            k = self.data.n_clients
+        if k > self.data.n_clients:
+            raise ConfigError(f"federation.clients_per_round = {k} exceeds data.n_clients = {self.data.n_clients}")
+        return max(1, k)
+
+    def sampling_rate(self) -> float:
+        return self.cohort_size() / self.data.n_clients
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            parent = _section_for(e["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else ""
+            msg = f"unknown key; allowed keys here: {allowed}"
+        elif e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _section_for(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: TOML scalar/array/inline table if it parses, else a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {p!r} is not a section")
+        node[parts[-1]] = parse_value(value.strip())
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict | None = None) -> RunConfig:
+    """Read a TOML file (or a dict), apply `key.path=value` overrides, validate."""
+    source = str(path) if path else "(defaults)"
+    raw: dict = dict(data or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, source)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,48 @@
+"""Batched no-grad evaluation of the global model."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpfl.engine.cohort import loss_per_sample
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batch_size: int = 1000) -> dict:
+    """Loss and accuracy; balanced accuracy and AUROC for binary tasks."""
+    model.eval()
+    losses, outs = [], []
+    for s in range(0, x.shape[0], batch_size):
+        xb = x[s : s + batch_size]
+        if xb.dtype == torch.uint8:
+            xb = xb.to(torch.float32)
+        if xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        out = model(xb)
+        losses.append(loss_per_sample(out, y[s : s + batch_size], task))
+        outs.append(out)
+    model.train()
+    out = torch.cat(outs)
+    res = {"loss": float(torch.cat(losses).mean())}
+    if task == "binary":
+        score = out.reshape(-1).double().numpy()
+        yt = y.reshape(-1).numpy()
+        pred = score > 0
+        tpr = float((pred & (yt == 1)).sum() / max(1, (yt == 1).sum()))
+        tnr = float((~pred & (yt == 0)).sum() / max(1, (yt == 0).sum()))
+        res["accuracy"] = float((pred == (yt == 1)).mean())
+        res["balanced_accuracy"] = (tpr + tnr) / 2
+        res["auroc"] = _auroc(yt, score)
+    else:
+        res["accuracy"] = float((out.argmax(1) == y).double().mean())
+    return res
+
+
+def _auroc(y: np.ndarray, score: np.ndarray) -> float:
+    if y.min() == y.max():
+        return float("nan")
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, score))

@@ -1,0 +1,357 @@
+"""The simulator: rounds of selection → local training → client chain → transport →
+aggregation → server chain → model update, with evaluation, metrics, checkpoints and
+the privacy ledger.
+
+All randomness is drawn from named streams of one root seed, keyed by round and purpose,
+so a run resumed from a checkpoint continues bit-identically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.config import RunConfig, dump_config, load_config
+from dpfl.engine.evaluate import evaluate
+from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poisson
+from dpfl.engine.trainer import LocalTraining, Trainer
+from dpfl.errors import BudgetExceededError, ConfigError, DataError
+from dpfl.rng import Seeds
+from dpfl.schemes.base import RoundContext, SetupContext
+from dpfl.schemes.registry import Scheme, build_scheme
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+CONFIG = "config.toml"
+SUMMARY = "summary.json"
+
+
+@dataclass
+class Federation:
+    """All training data in one tensor; clients are index arrays into it."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    clients: list[np.ndarray]
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    task: str
+    num_classes: int
+    source: str
+    public: tuple[torch.Tensor, torch.Tensor] | None = None
+    sizes: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.sizes = np.array([len(c) for c in self.clients], dtype=np.int64)
+        if (self.sizes == 0).any():
+            raise DataError(f"{int((self.sizes == 0).sum())} clients have no data; use fewer clients "
+                            "or another partition")
+
+
+def build_federation(cfg: RunConfig, seeds: Seeds) -> Federation:
+    from dpfl.data import downsample_majority, load_dataset, partition
+
+    d = cfg.data
+    ds = load_dataset(d.dataset, root=d.root, seed=cfg.seed, **d.options)
+    labels = ds.y_train.numpy()
+    if d.partition == "natural":
+        if ds.client_indices is None:
+            raise ConfigError(f"data.partition = 'natural' but dataset {d.dataset!r} has no natural clients")
+        clients = list(ds.client_indices)
+        if len(clients) != d.n_clients:
+            raise ConfigError(f"data.n_clients = {d.n_clients} but dataset {d.dataset!r} has {len(clients)} "
+                              "natural clients")
+    else:
+        clients = partition(labels, d.n_clients, d.partition, seed=seeds.seed("partition"), **d.partition_options)
+    if d.downsample_majority:
+        rng = seeds.numpy("downsample")
+        clients = [downsample_majority(c, labels, rng) for c in clients]
+    public = ds.public
+    x_test, y_test = ds.x_test, ds.y_test
+    if public is None and d.public_size:
+        # take the public batch from the test set and keep it out of evaluation
+        perm = seeds.numpy("public").permutation(len(y_test))
+        pub, rest = perm[: d.public_size], np.sort(perm[d.public_size :])
+        public = (x_test[pub], y_test[pub])
+        x_test, y_test = x_test[rest], y_test[rest]
+    dev = torch.device(cfg.run.device)
+    return Federation(ds.x_train.to(dev), ds.y_train.to(dev), clients, x_test.to(dev), y_test.to(dev),
+                      ds.task, ds.num_classes, ds.source,
+                      None if public is None else (public[0].to(dev), public[1].to(dev)))
+
+
+def _best_metric(cfg: RunConfig, task: str) -> str:
+    return cfg.eval.metric or ("balanced_accuracy" if task == "binary" else "accuracy")
+
+
+class Simulation:
+    """One federated run. `Simulation(cfg, out_dir).run()`; `Simulation.resume(out_dir).run()`."""
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, log: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.out = Path(out_dir) if out_dir else None
+        self.log = log
+        self.seeds = Seeds(cfg.seed)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.device = torch.device(cfg.run.device)
+        self.fed = build_federation(cfg, self.seeds)
+        from dpfl.models import build_model
+
+        self.model = build_model(cfg.model.name, seed=self.seeds.seed("model"), **cfg.model.options).to(self.device)
+        env = self._scheme_env()
+        self.scheme: Scheme = build_scheme(cfg.scheme.name, dict(cfg.scheme.options), env)
+        tc = cfg.train.model_dump()
+        tc.update(self.scheme.train_overrides)
+        self.local = LocalTraining(**tc)
+        mode = "auto"
+        self.trainer = Trainer(self.model, self.fed.task, self.local, mode=mode, max_cohort=cfg.run.max_cohort)
+        self.flat = self.trainer.flat
+        self.w = self.flat.flatten(self.model).to(self.device)
+        self.ledger = None
+        self.round = 0
+        self.cum = {"up_bytes": 0, "down_bytes": 0, "formula_up_bytes": 0.0, "formula_down_bytes": 0.0}
+        self.best: dict[str, Any] | None = None
+        self.stopped_reason: str | None = None
+        self._setup_done = False
+
+    # ---- construction -------------------------------------------------------------
+    def _scheme_env(self) -> dict[str, Any]:
+        return {"n_params": sum(p.numel() for p in self.model.parameters()),
+                "cohort_size": self.cfg.cohort_size(), "n_clients": self.cfg.data.n_clients,
+                "train": self.cfg.train, "privacy": self.cfg.privacy, "seed": self.cfg.seed,
+                "sampling_rate": self.cfg.sampling_rate(), "rounds": self.cfg.federation.rounds,
+                "dropout": self.cfg.federation.dropout}
+
+    def _setup(self) -> None:
+        if self._setup_done:
+            return
+        self._setup_done = True
+        n = self.flat.n
+        self.ledger = self._make_ledger()
+        ctx = SetupContext(n_params=n, seeds=self.seeds, device=self.device, initial_params=self.w.clone(),
+                           model=self.model, trainer=self.trainer, public_data=self.fed.public,
+                           clients=self.fed, n_clients=self.cfg.data.n_clients,
+                           cohort_size=self.cfg.cohort_size(), ledger=self.ledger)
+        self.scheme.setup(ctx)
+
+    def _make_ledger(self):
+        if not any(type(s).privacy_events is not _base_privacy_events for s in self.scheme.steps):
+            return None
+        from dpfl.privacy import Budget, Ledger
+
+        p = self.cfg.privacy
+        budget = Budget(epsilon=p.target_epsilon, delta=p.delta) if p.target_epsilon else None
+        return Ledger(accountant=p.accountant, budget=budget)
+
+    # ---- one round ----------------------------------------------------------------
+    def _cohort(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        fed, cfg = self.fed, self.cfg
+        n = cfg.data.n_clients
+        if self.scheme.all_clients:
+            cohort = np.arange(n)
+        elif cfg.federation.sampling == "poisson":
+            cohort = select_poisson(n, cfg.sampling_rate(), self.seeds.numpy("round", r, "select"))
+        else:
+            cohort = select_fixed(n, cfg.cohort_size(), self.seeds.numpy("round", r, "select"))
+        return drop(cohort, cfg.federation.dropout, self.seeds.numpy("round", r, "dropout"))
+
+    def _batches(self, r: int, cohort: np.ndarray) -> torch.Tensor:
+        sizes = self.fed.sizes[cohort]
+        if self.scheme.full_batch:
+            steps, batch = 1, int(sizes.max())
+        else:
+            steps, batch = self.local.steps, self.local.batch_size
+        pos = local_positions(sizes, steps, batch, self.seeds.numpy("round", r, "batches"))
+        idx = np.stack([self.fed.clients[c][p] for c, p in zip(cohort, pos)])
+        return torch.from_numpy(idx).to(self.device)
+
+    def context(self, r: int, cohort: np.ndarray, n_selected: int) -> RoundContext:
+        return RoundContext(round=r, n_params=self.flat.n, cohort=cohort, n_selected=n_selected,
+                            weights=torch.from_numpy(self.fed.sizes[cohort].astype(np.float32)).to(self.device),
+                            seeds=self.seeds, device=self.device, global_params=self.w,
+                            n_clients=self.cfg.data.n_clients, cohort_size=self.cfg.cohort_size(),
+                            ledger=self.ledger)
+
+    def client_updates(self, ctx: RoundContext) -> torch.Tensor:
+        """Local training of the answering cohort: Δw [k, n] (hook point for attacks)."""
+        mask = None
+        for s in self.scheme.steps:
+            m = s.train_mask(ctx)
+            if m is not None:
+                mask = m if mask is None else (mask & m)
+        batches = self._batches(ctx.round, ctx.cohort)
+        torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
+        train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
+        return train(self.w, self.fed.x, self.fed.y, batches, mask)
+
+    def step_round(self) -> dict[str, Any]:
+        self._setup()
+        r = self.round + 1
+        t0 = time.perf_counter()
+        cohort, dropped = self._cohort(r)
+        n_selected = len(cohort) + len(dropped)
+        ctx = self.context(r, cohort, n_selected)
+        events = [e for s in self.scheme.steps for e in s.privacy_events(ctx)]
+        if self.ledger is not None and events:
+            for e in events:
+                if self.ledger.would_exceed(e):
+                    raise BudgetExceededError(f"round {r} would exceed privacy.target_epsilon = "
+                                              f"{self.cfg.privacy.target_epsilon}")
+        down = self.scheme.downstream_bytes(ctx) * n_selected
+        up = 0
+        if len(cohort):
+            u = self.client_updates(ctx)
+            t_train = time.perf_counter() - t0
+            d_full = u.shape[1]
+            for s in self.scheme.steps:
+                u = s.client(u, ctx)
+            rec = self.scheme.transport.transmit(u, ctx)
+            agg = self.scheme.aggregator(rec, ctx)
+            for s in reversed(self.scheme.steps):
+                agg = s.server(agg, ctx)
+            if agg.shape != (d_full,):
+                raise RuntimeError(f"scheme {self.scheme.name} produced a server update of shape "
+                                   f"{tuple(agg.shape)}, expected ({d_full},)")
+            self.w = self.w + agg.to(self.w.dtype)
+            up = int(np.asarray(rec.upstream_bytes).sum())
+            bits = getattr(self.scheme.transport, "bits_per_value", None)
+            bits = bits if bits is not None else getattr(getattr(self.scheme.transport, "codec", None),
+                                                         "bits_per_value", 32)
+            formula_up = u.shape[1] * bits / 8
+        else:
+            t_train, formula_up = 0.0, 0.0
+        if self.ledger is not None:
+            for e in events:
+                self.ledger.add(e)
+        self.round = r
+        n = self.cfg.data.n_clients
+        c = self.cfg.sampling_rate()
+        self.cum["up_bytes"] += up
+        self.cum["down_bytes"] += down
+        self.cum["formula_up_bytes"] += c * formula_up
+        self.cum["formula_down_bytes"] += c * self.scheme.downstream_bytes(ctx)
+        rec_m: dict[str, Any] = {
+            "round": r, "selected": n_selected, "answered": int(len(cohort)),
+            "up_bytes": up, "down_bytes": down,
+            # per client of the federation, cumulative: comparable with the thesis cost formula
+            "cum_up_bytes_per_client": self.cum["up_bytes"] / n,
+            "cum_down_bytes_per_client": self.cum["down_bytes"] / n,
+            "formula_up_bytes_per_client": self.cum["formula_up_bytes"],
+            "formula_down_bytes_per_client": self.cum["formula_down_bytes"],
+            "train_seconds": round(t_train, 4),
+        }
+        rec_m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
+        if self.ledger is not None:
+            rec_m["epsilon"] = self.ledger.epsilon(self.cfg.privacy.delta)
+        if r % self.cfg.eval.every == 0 or r == self.cfg.federation.rounds:
+            t1 = time.perf_counter()
+            self.flat.load_into(self.model, self.w)
+            rec_m.update(evaluate(self.model, self.fed.x_test, self.fed.y_test, self.fed.task,
+                                  self.cfg.eval.batch_size))
+            rec_m["eval_seconds"] = round(time.perf_counter() - t1, 4)
+            self._update_best(rec_m)
+        rec_m["round_seconds"] = round(time.perf_counter() - t0, 4)
+        return rec_m
+
+    def _update_best(self, m: dict[str, Any]) -> None:
+        key = _best_metric(self.cfg, self.fed.task)
+        v = m.get(key)
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            return
+        if self.best is None or v > self.best[key]:
+            keep = ("round", "accuracy", "balanced_accuracy", "auroc", "loss", "epsilon",
+                    "cum_up_bytes_per_client", "cum_down_bytes_per_client",
+                    "formula_up_bytes_per_client", "formula_down_bytes_per_client")
+            self.best = {k: m[k] for k in keep if k in m}
+            self.best["metric"] = key
+
+    # ---- driving ------------------------------------------------------------------
+    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        self._setup()
+        if self.out:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / CONFIG).write_text(dump_config(self.cfg))
+            if self.round == 0:
+                (self.out / METRICS).write_text("")
+        total = self.cfg.federation.rounds
+        while self.round < total:
+            try:
+                m = self.step_round()
+            except BudgetExceededError as e:
+                self.stopped_reason = str(e)
+                self.log(f"stopping: {e}")
+                break
+            if self.out:
+                with open(self.out / METRICS, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+                if self.round % self.cfg.run.checkpoint_every == 0 or self.round == total:
+                    self.save_checkpoint()
+            if on_round:
+                on_round(m)
+        if self.out:
+            self.save_checkpoint()
+        summary = self.summary()
+        if self.out:
+            (self.out / SUMMARY).write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.cfg.name, "scheme": self.scheme.name, "describe": self.scheme.describe(),
+                "dataset": self.fed.source, "n_params": self.flat.n, "rounds_run": self.round,
+                "best": self.best, "stopped": self.stopped_reason,
+                "epsilon_final": None if self.ledger is None else self.ledger.epsilon(self.cfg.privacy.delta),
+                "delta": self.cfg.privacy.delta if self.ledger is not None else None}
+
+    # ---- checkpoints --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "w": self.w.cpu(), "scheme": self.scheme.state_dict(),
+                "ledger": None if self.ledger is None else self.ledger.state_dict(),
+                "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason}
+
+    def save_checkpoint(self) -> None:
+        tmp = self.out / (CHECKPOINT + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, self.out / CHECKPOINT)
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self._setup()
+        self.round = st["round"]
+        self.w = st["w"].to(self.device)
+        self.scheme.load_state_dict(st["scheme"])
+        if st["ledger"] is not None:
+            self.ledger.load_state_dict(st["ledger"])
+        self.cum = dict(st["cum"])
+        self.best = st["best"]
+        self.stopped_reason = st.get("stopped")
+
+    @classmethod
+    def resume(cls, out_dir: str | Path, log: Callable[[str], None] = print,
+               rounds: int | None = None) -> "Simulation":
+        out = Path(out_dir)
+        if not (out / CONFIG).is_file() or not (out / CHECKPOINT).is_file():
+            raise ConfigError(f"{out} is not a resumable run directory (needs {CONFIG} and {CHECKPOINT})")
+        cfg = load_config(out / CONFIG)
+        if rounds is not None:
+            cfg.federation.rounds = rounds
+        sim = cls(cfg, out, log)
+        st = torch.load(out / CHECKPOINT, weights_only=False)
+        sim.load_state_dict(st)
+        # drop metric lines written after the checkpoint
+        lines = (out / METRICS).read_text().splitlines() if (out / METRICS).exists() else []
+        kept = [ln for ln in lines if ln and json.loads(ln)["round"] <= sim.round]
+        (out / METRICS).write_text("".join(ln + "\n" for ln in kept))
+        return sim
+
+
+from dpfl.schemes.base import Step as _Step  # noqa: E402
+
+_base_privacy_events = _Step.privacy_events

@@ -1,0 +1,97 @@
+"""Local client training for a whole cohort at once (and a sequential reference path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dpfl.engine.cohort import CohortModel
+
+
+@dataclass
+class LocalTraining:
+    """Hyper-parameters of the clients' local optimisation (thesis Alg. 2 by default)."""
+
+    steps: int = 5  # T_gd
+    batch_size: int = 10  # |B|
+    lr: float = 0.215  # η
+    optimizer: str = "sgd"  # "sgd" | "adam"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-7  # Keras default
+    prox_mu: float = 0.0  # FedProx proximal term μ/2·‖w − w_global‖²
+
+
+class Trainer:
+    """Trains k copies of one model from the same starting point on k clients' batches."""
+
+    def __init__(self, model: nn.Module, task: str, cfg: LocalTraining, mode: str = "auto",
+                 max_cohort: int = 0):
+        self.model = model
+        self.task = task
+        self.cfg = cfg
+        self.cohort = CohortModel(model, task, mode)
+        self.flat = self.cohort.flat
+        self.max_cohort = max_cohort  # split larger cohorts into chunks (memory); 0 = no limit
+
+    def train(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
+              mask: torch.Tensor | None = None, sign: torch.Tensor | None = None) -> torch.Tensor:
+        """Updates Δw [k, n] after local training.
+
+        `batches` [k, T, B] indexes rows of `x`/`y` (each client's own samples);
+        `mask` bool [n]: only these coordinates move (the others stay at w: Top-K reset rule);
+        `sign` [k]: +1 for descent, −1 for gradient ascent (attacks).
+        """
+        k = batches.shape[0]
+        if self.max_cohort and k > self.max_cohort:
+            parts = []
+            for s in range(0, k, self.max_cohort):
+                parts.append(self.train(w, x, y, batches[s : s + self.max_cohort], mask,
+                                        None if sign is None else sign[s : s + self.max_cohort]))
+            return torch.cat(parts)
+        cfg = self.cfg
+        p = w.expand(k, -1).clone()
+        parts = list(self.flat.views(p).values())  # per-parameter views of p, updated in place
+        w_parts = list(self.flat.views(w).values())
+        m_parts = [None] * len(parts) if mask is None else [v.to(p.dtype) for v in self.flat.views(mask).values()]
+        use_m1 = cfg.optimizer == "adam" or cfg.momentum > 0
+        m1 = [torch.zeros_like(q) for q in parts] if use_m1 else None
+        m2 = [torch.zeros_like(q) for q in parts] if cfg.optimizer == "adam" else None
+        if cfg.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: sgd, adam")
+        for t in range(batches.shape[1]):
+            idx = batches[:, t]
+            xb = x[idx]
+            if xb.dtype == torch.uint8 or (xb.is_floating_point() and xb.dtype != torch.float32):
+                xb = xb.to(torch.float32)  # compact storage (binary/half-precision features)
+            grads = self.cohort.client_grad_parts(p, xb, y[idx], sign)
+            for i, (q, g) in enumerate(zip(parts, grads)):
+                if cfg.weight_decay:
+                    g.add_(q, alpha=cfg.weight_decay)
+                if cfg.prox_mu:
+                    g.add_(q - w_parts[i], alpha=cfg.prox_mu)
+                if m_parts[i] is not None:
+                    g.mul_(m_parts[i])
+                if cfg.optimizer == "adam":
+                    b1, b2 = cfg.adam_betas
+                    m1[i].mul_(b1).add_(g, alpha=1 - b1)
+                    m2[i].mul_(b2).addcmul_(g, g, value=1 - b2)
+                    step = cfg.lr * (1 - b2 ** (t + 1)) ** 0.5 / (1 - b1 ** (t + 1))
+                    q.addcdiv_(m1[i], m2[i].sqrt().add_(cfg.adam_eps), value=-step)
+                else:
+                    if m1 is not None:
+                        m1[i].mul_(cfg.momentum).add_(g)
+                        g = m1[i]
+                    q.add_(g, alpha=-cfg.lr)
+        return p - w
+
+    def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
+                         mask: torch.Tensor | None = None, sign: torch.Tensor | None = None) -> torch.Tensor:
+        """Reference path: one client at a time (same math, no cohort batching)."""
+        rows = []
+        for c in range(batches.shape[0]):
+            rows.append(self.train(w, x, y, batches[c : c + 1], mask, None if sign is None else sign[c : c + 1]))
+        return torch.cat(rows)

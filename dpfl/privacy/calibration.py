@@ -1,0 +1,144 @@
+"""Noise calibration: sigma for a target (eps, delta, q, T) under any backend; Laplace and
+Gaussian scales for a single release."""
+
+from __future__ import annotations
+
+import math
+
+from scipy import optimize, special
+
+from dpfl.errors import PrivacyError
+from dpfl.privacy.events import SampledGaussianEvent, check_count, check_delta, check_q
+from dpfl.privacy.ledger import Ledger, check_accountant
+
+
+def _check_pos(name: str, v: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise PrivacyError(f"{name} must be a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def epsilon_for(
+    sigma: float,
+    q: float,
+    steps: int,
+    delta: float,
+    accountant: str = "rdp",
+    neighbouring: str = "add_remove",
+    pld_discretization: float = 1e-4,
+) -> float:
+    """epsilon after ``steps`` Poisson-subsampled Gaussian rounds (noise multiplier sigma, rate q)."""
+    check_accountant(accountant)
+    check_count(steps, "steps")
+    ledger = Ledger(accountant, neighbouring, pld_discretization=pld_discretization)
+    ledger.add(SampledGaussianEvent(sigma, q), count=steps)
+    return ledger.epsilon(check_delta(delta))
+
+
+def calibrate_sigma(
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    steps: int,
+    accountant: str = "rdp",
+    neighbouring: str = "add_remove",
+    rtol: float = 1e-5,
+) -> float:
+    """Smallest noise multiplier (to relative ``rtol``, rounded up) reaching ``target_epsilon``.
+
+    The returned sigma always satisfies epsilon_for(sigma, ..., accountant) <= target_epsilon.
+    pld: searched with PLD discretization 1e-3 (pessimistic, ~1e-4 relative above 1e-4's
+    epsilon), then verified (and stepped up if needed) at the default 1e-4.
+    """
+    target = _check_pos("target_epsilon", target_epsilon)
+    check_delta(delta)
+    check_q(q)
+    check_count(steps, "steps")
+    check_accountant(accountant)
+    if not 0 < rtol < 0.1:
+        raise PrivacyError(f"rtol must be in (0, 0.1), got {rtol}")
+    seen: dict[float, float] = {}
+    dx = 1e-3 if accountant == "pld" else 1e-4
+
+    def eps(s: float) -> float:
+        if s not in seen:
+            seen[s] = epsilon_for(s, q, steps, delta, accountant, neighbouring, dx)
+        return seen[s]
+
+    # bracket [lo, hi] with eps(lo) > target >= eps(hi)
+    hi = 1.0
+    while eps(hi) > target:
+        hi *= 2
+        if hi > 1e7:
+            raise PrivacyError(
+                f"no sigma <= 1e7 reaches epsilon={target} (delta={delta}, q={q}, steps={steps})"
+            )
+    lo = hi / 2
+    while eps(lo) <= target:
+        hi, lo = lo, lo / 2
+        if lo < 1e-4:
+            raise PrivacyError(
+                f"epsilon={target} is reached with sigma < 1e-4: target too loose for calibration"
+            )
+
+    def g(x: float) -> float:  # log(eps/target), clipped so brentq never sees 0 or inf
+        return max(-50.0, min(50.0, math.log(max(eps(math.exp(x)), 1e-300) / target)))
+
+    s = math.exp(optimize.brentq(g, math.log(lo), math.log(hi), xtol=rtol / 4, rtol=1e-12))
+    while eps(s) > target:  # step up to the safe side
+        s = min(s * (1 + rtol / 2), hi)
+    if accountant == "pld":
+        while epsilon_for(s, q, steps, delta, accountant, neighbouring) > target:
+            s *= 1 + rtol
+    return s
+
+
+def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:
+    """Laplace scale b = sensitivity / epsilon for epsilon-DP."""
+    return _check_pos("sensitivity (L1)", sensitivity) / _check_pos("epsilon", epsilon)
+
+
+def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Dwork-Roth Thm A.1: sigma = sensitivity sqrt(2 ln(1.25/delta)) / epsilon, only for 0 < eps < 1."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
+        raise PrivacyError(
+            f"the classic Gaussian mechanism needs epsilon in (0, 1), got {epsilon!r}; "
+            "use analytic_gaussian_sigma for epsilon >= 1"
+        )
+    check_delta(delta)
+    return _check_pos("sensitivity (L2)", sensitivity) * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+
+
+def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:
+    """Exact delta of the Gaussian mechanism (Balle-Wang 2018, Thm 8):
+    Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D)."""
+    s, d = _check_pos("sigma", sigma), _check_pos("sensitivity (L2)", sensitivity)
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, (int, float))
+        or not math.isfinite(epsilon)
+        or epsilon < 0
+    ):
+        raise PrivacyError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    l1 = special.log_ndtr(d / (2 * s) - epsilon * s / d)
+    l2 = epsilon + special.log_ndtr(-d / (2 * s) - epsilon * s / d)
+    return max(0.0, float(math.exp(l1) * -math.expm1(l2 - l1)))
+
+
+def analytic_gaussian_sigma(
+    epsilon: float, delta: float, sensitivity: float = 1.0, rtol: float = 1e-10
+) -> float:
+    """Smallest sigma (rounded up) with analytic_gaussian_delta(sigma, epsilon) <= delta; any epsilon > 0."""
+    eps = _check_pos("epsilon", epsilon)
+    check_delta(delta)
+    d = _check_pos("sensitivity (L2)", sensitivity)
+    f = lambda x: math.log(max(analytic_gaussian_delta(math.exp(x), eps, d), 1e-300)) - math.log(delta)
+    lo, hi = math.log(d) - 10, math.log(d) + 10
+    while f(hi) > 0:
+        hi += 5
+    while f(lo) < 0:
+        lo -= 5
+    s = math.exp(optimize.brentq(f, lo, hi, xtol=rtol / 4))
+    while analytic_gaussian_delta(s, eps, d) > delta:
+        s *= 1 + rtol
+    return s

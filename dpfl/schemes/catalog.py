@@ -1,0 +1,1 @@
+"""Registers the compression and DP schemes (imported lazily by the registry)."""

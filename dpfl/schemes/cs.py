@@ -1,0 +1,102 @@
+"""FL-CS (thesis Alg. 4, scalable variant) and the FL-FREQ baseline (Alg. 6).
+
+FL-CS  = [CompressiveSensingStep] | PlainTransport(float32) | MeanAggregator
+FL-FREQ = [LowPassDCTStep]        | PlainTransport(float32) | (weighted) mean
+
+Both compress with the first DCT coefficients (dpfl.compression.dct.ChunkedDCT), so by
+linearity the mean of the clients' compressed updates *is* the compression of their mean: the
+server keeps momentum and error feedback in the compressed domain (size m) and reconstructs
+once per round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dpfl.compression.cs import bpdn
+from dpfl.compression.dct import ChunkedDCT
+from dpfl.compression.subset import count_for_ratio
+from dpfl.errors import ConfigError
+from dpfl.schemes.base import RoundContext, SetupContext, Step
+
+
+class CompressiveSensingStep(Step):
+    """Client: y_k = C(Δw_k, m) — seed-shared permutation, P chunks, first m_j DCT coefficients each.
+
+    Server, on the mean y_t of the received vectors (Alg. 4 lines 8–13):
+        u_t = ρ u_{t−1} + y_t;  e_t = η_G u_t + e_{t−1};  s_t = D(e_t, n) (BPDN, λ);
+        e_t ← e_t − C(s_t, m);  returns s_t (the engine adds it to w).
+    """
+
+    name = "cs"
+
+    def __init__(self, ratio: float, chunks: int = 200, lam: float = 1e-5, server_lr: float = 0.35,
+                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 3e-3):
+        if not server_lr > 0:
+            raise ConfigError(f"FL-CS global learning rate η_G must be > 0, got {server_lr}")
+        if not 0 <= momentum < 1:
+            raise ConfigError(f"FL-CS momentum ρ must be in [0, 1), got {momentum}")
+        self.ratio, self.chunks, self.lam = ratio, int(chunks), float(lam)
+        self.server_lr, self.momentum = float(server_lr), float(momentum)
+        self.max_iter, self.tol = int(max_iter), float(tol)
+        self.op: ChunkedDCT | None = None
+        self.u: torch.Tensor | None = None  # momentum, compressed domain [m]
+        self.e: torch.Tensor | None = None  # error feedback, compressed domain [m]
+
+    def setup(self, ctx: SetupContext) -> None:
+        n = ctx.n_params
+        m = count_for_ratio(self.ratio, n)
+        perm = ctx.seeds.numpy("cs", "permutation").permutation(n)  # shared by all, fixed for the run
+        self.op = ChunkedDCT(n, m, self.chunks, perm)
+        if self.u is None:
+            self.u = torch.zeros(m, dtype=torch.float32, device=ctx.device)
+            self.e = torch.zeros(m, dtype=torch.float32, device=ctx.device)
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        return self.op.compress(u.to(torch.float32))
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        y = agg.to(torch.float32)
+        self.u = self.momentum * self.u.to(y.device) + y
+        e = self.server_lr * self.u + self.e.to(y.device)
+        s, info = bpdn(self.op, e, self.lam, max_iter=self.max_iter, tol=self.tol)
+        self.e = e - self.op.compress(s.unsqueeze(0))[0]
+        ctx.metrics.update({"cs_iterations": info.iterations, "cs_converged": float(info.converged),
+                            "cs_nonzeros": int((s != 0).sum()),
+                            "cs_error_norm": float(self.e.norm())})
+        return s
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"momentum": self.u.cpu().clone(), "error": self.e.cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.u, self.e = state["momentum"].clone(), state["error"].clone()
+
+    def describe(self) -> str:
+        return (f"cs(r={self.ratio}, P={self.chunks}, λ={self.lam}, η_G={self.server_lr}, ρ={self.momentum}, "
+                f"BPDN tol={self.tol})")
+
+
+class LowPassDCTStep(Step):
+    """FL-FREQ: clients send the first m DCT coefficients of the whole update (no permutation, one
+    chunk); the server applies the inverse DCT with the other coefficients zeroed (low-pass)."""
+
+    name = "freq"
+
+    def __init__(self, ratio: float):
+        self.ratio = ratio
+        self.op: ChunkedDCT | None = None
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.op = ChunkedDCT(ctx.n_params, count_for_ratio(self.ratio, ctx.n_params), 1, None)
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        return self.op.compress(u.to(torch.float32))
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        return self.op.adjoint(agg.to(torch.float32))
+
+    def describe(self) -> str:
+        return f"freq(r={self.ratio})"

@@ -1,0 +1,56 @@
+"""Plain (non-secure) transports and the basic aggregators."""
+
+from __future__ import annotations
+
+import torch
+
+from dpfl.compression.base import Codec, Float32Codec
+from dpfl.errors import ConfigError
+from dpfl.schemes.base import Aggregator, Received, RoundContext, Transport
+
+
+class PlainTransport(Transport):
+    """Each client sends its row encoded by `codec`; the server decodes every row."""
+
+    def __init__(self, codec: Codec | None = None):
+        self.codec = codec or Float32Codec()
+        self.name = f"plain/{self.codec.name}"
+
+    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
+        payload = self.codec.encode(u, ctx.numpy_rng("encode"))
+        rows = self.codec.decode(payload, u.shape[1]).to(u.device)
+        return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
+                        upstream_bytes=payload.per_client_nbytes())
+
+
+class SumAggregator(Aggregator):
+    name = "sum"
+
+    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
+        return rec.total.to(torch.float32)
+
+
+class MeanAggregator(Aggregator):
+    """Unweighted mean 1/|K| Σ (DP schemes, FL-CS, FL-TOP)."""
+
+    name = "mean"
+
+    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
+        return (rec.total.to(torch.float64) / max(1, rec.count)).to(torch.float32)
+
+
+class WeightedMeanAggregator(Aggregator):
+    """Σ |D_k|/Σ|D_j| Δw_k (FL-STD, FedAvg)."""
+
+    name = "weighted_mean"
+    needs_rows = True
+
+    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
+        if rec.rows is None:
+            w = ctx.weights
+            if torch.all(w == w[0]):
+                return (rec.total.to(torch.float64) / max(1, rec.count)).to(torch.float32)
+            raise ConfigError("a data-size-weighted mean needs individual updates; with secure aggregation "
+                              "use the unweighted mean (clients can pre-scale their updates)")
+        w = ctx.weights.to(rec.rows.dtype)
+        return (w / w.sum()) @ rec.rows

@@ -1,0 +1,28 @@
+"""Secure aggregation over Z_(2^b): X25519 key agreement, AES-CTR masks, Shamir dropout recovery
+(Bonawitz et al. 2017; the sparse SecAgg+ graph of Bell et al. 2020), and its `Transport`."""
+
+from dpfl.secagg.protocol import RoundAborted
+from dpfl.secagg.ring import (
+    centred_lift,
+    decode_fixed,
+    encode_fixed,
+    encode_int,
+    fixed_point_bits,
+    gaussian_clip_range,
+    sign_dp_bits,
+)
+from dpfl.secagg.simulate import secure_sum
+from dpfl.secagg.transport import SecAggTransport
+
+__all__ = [
+    "RoundAborted",
+    "SecAggTransport",
+    "centred_lift",
+    "decode_fixed",
+    "encode_fixed",
+    "encode_int",
+    "fixed_point_bits",
+    "gaussian_clip_range",
+    "secure_sum",
+    "sign_dp_bits",
+]

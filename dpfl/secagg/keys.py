@@ -1,0 +1,51 @@
+"""X25519 key agreement and HKDF-SHA256 key derivation (the `cryptography` package).
+
+Each client holds two key pairs per round: one to encrypt its Shamir shares to neighbours
+(AES-GCM keys) and one for the pairwise mask seeds. A shared secret is never used directly:
+HKDF binds it to a purpose label and the round id, so keys of different rounds and purposes
+are independent.
+"""
+
+from __future__ import annotations
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from dpfl.errors import ProtocolError
+from dpfl.rng import CryptoRNG
+
+KEY_BYTES = 32
+
+
+def new_private_key(rng: CryptoRNG | None = None) -> X25519PrivateKey:
+    """A fresh X25519 private key: from the OS, or from `rng` in a seeded simulation."""
+    return X25519PrivateKey.generate() if rng is None else load_private(rng.bytes(KEY_BYTES))
+
+
+def load_private(raw: bytes) -> X25519PrivateKey:
+    if len(raw) != KEY_BYTES:
+        raise ProtocolError(f"private key must be {KEY_BYTES} bytes, got {len(raw)}")
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def private_bytes(key: X25519PrivateKey) -> bytes:
+    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def public_bytes(key: X25519PrivateKey) -> bytes:
+    """Raw 32-byte public key."""
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def agree(private: X25519PrivateKey, peer_public: bytes, purpose: str, round_id: int) -> bytes:
+    """32-byte key shared by the two ends: HKDF-SHA256(X25519(private, peer), info=purpose|round)."""
+    if not isinstance(peer_public, bytes) or len(peer_public) != KEY_BYTES:
+        raise ProtocolError(f"public key must be {KEY_BYTES} bytes")
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as e:  # all-zero shared secret: a low-order public key
+        raise ProtocolError(f"key agreement failed: {e}") from None
+    info = f"dpfl-secagg/{purpose}/round={int(round_id)}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(shared)

@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpfl.compression.bits import (
+    SignCodec, UIntCodec, pack_signs, pack_uint, packed_nbytes, random_sign, unpack_signs, unpack_uint,
+)
+from dpfl.errors import ConfigError, DataError, DpflError, ProtocolError
+
+
+def reference_pack(values, bits):
+    """Brute force: one Python integer per row, value i at bit offset i·bits."""
+    out = []
+    for row in values:
+        acc = 0
+        for i, v in enumerate(row):
+            acc |= int(v) << (i * bits)
+        nbytes = (len(row) * bits + 7) // 8
+        out.append(np.frombuffer(acc.to_bytes(nbytes, "little"), dtype=np.uint8))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("bits", list(range(1, 65)))
+def test_pack_uint_matches_bruteforce_and_round_trips(bits):
+    rng = np.random.default_rng(bits)
+    for d in (1, 7, 64 + 3):
+        v = rng.integers(0, 2**bits, size=(3, d), dtype=np.uint64, endpoint=False) if bits < 64 else \
+            rng.integers(0, 2**63, size=(3, d), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        v[0, 0] = (1 << bits) - 1  # extreme values
+        v[1, -1] = 0
+        packed = pack_uint(v, bits)
+        assert packed.shape == (3, packed_nbytes(d, bits))
+        np.testing.assert_array_equal(packed, reference_pack(v, bits))
+        np.testing.assert_array_equal(unpack_uint(packed, d, bits), v)
+
+
+@settings(max_examples=40, deadline=None)
+@given(bits=st.integers(1, 64), k=st.integers(1, 3), d=st.integers(1, 200), seed=st.integers(0, 2**32 - 1))
+def test_pack_uint_round_trip_property(bits, k, d, seed):
+    rng = np.random.default_rng(seed)
+    v = rng.integers(0, 2 ** min(bits, 63), size=(k, d), dtype=np.int64)
+    np.testing.assert_array_equal(unpack_uint(pack_uint(v, bits), d, bits).view(np.int64), v)
+
+
+def test_sign_packing_is_one_bit_per_value_and_matches_uint1():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 1001)).astype(np.float32)
+    packed = pack_signs(x)
+    assert packed.shape == (4, 126)  # ceil(1001 / 8)
+    np.testing.assert_array_equal(packed, pack_uint((x > 0).astype(np.uint64), 1))
+    np.testing.assert_array_equal(unpack_signs(packed, 1001), np.where(x > 0, 1, -1))
+
+
+def test_exact_zeros_get_fair_reproducible_random_signs():
+    x = np.zeros((2, 20000), dtype=np.float32)
+    x[0, :5] = [1, -1, 2, -3, 0.5]
+    a = random_sign(x, np.random.default_rng(7))
+    b = random_sign(x, np.random.default_rng(7))
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a[0, :5], [1, -1, 1, -1, 1])
+    assert set(np.unique(a)) == {-1, 1}
+    zeros = a[x == 0]
+    # 39,995 fair coin flips: mean within 5 standard deviations of 0
+    assert abs(zeros.mean()) < 5 / np.sqrt(zeros.size)
+    with pytest.raises(ConfigError, match="Generator"):
+        random_sign(x)
+    with pytest.raises(DataError, match="NaN"):
+        random_sign(np.array([[np.nan, 1.0]]), np.random.default_rng(0))
+
+
+def test_bad_inputs_raise_named_errors():
+    with pytest.raises(ConfigError, match=r"\[1, 64\]"):
+        pack_uint(np.zeros((1, 3), np.int64), 0)
+    with pytest.raises(ConfigError, match=r"\[1, 64\]"):
+        pack_uint(np.zeros((1, 3), np.int64), 65)
+    with pytest.raises(DataError, match="negative"):
+        pack_uint(np.array([[1, -2]]), 8)
+    with pytest.raises(DataError, match=r"2\*\*3"):
+        pack_uint(np.array([[8]]), 3)
+    with pytest.raises(DataError, match="integer"):
+        pack_uint(np.array([[1.0]]), 8)
+    good = pack_uint(np.array([[5, 6, 7]]), 3)  # 9 bits -> 2 bytes, 7 padding bits
+    with pytest.raises(ProtocolError, match="padding"):
+        unpack_uint(good | np.array([[0, 0x80]], np.uint8), 3, 3)
+    with pytest.raises(ProtocolError, match=r"uint8 \[k, 2\]"):
+        unpack_uint(good[:, :1], 3, 3)
+    with pytest.raises(ProtocolError, match="padding"):
+        unpack_signs(np.array([[0xFF]], np.uint8), 5)
+    assert issubclass(ProtocolError, DpflError)
+
+
+def test_codecs_count_exact_wire_bytes():
+    rng = np.random.default_rng(1)
+    rows = torch.from_numpy(rng.standard_normal((5, 1663)).astype(np.float32))
+    p = SignCodec().encode(rows)
+    assert p.per_client_nbytes().tolist() == [208] * 5  # ceil(1663 / 8)
+    assert torch.equal(SignCodec().decode(p, 1663), torch.where(rows > 0, 1, -1).to(torch.int8))
+    ints = torch.from_numpy(rng.integers(0, 2**22, size=(5, 1663)))
+    c = UIntCodec(22)
+    q = c.encode(ints)
+    assert q.per_client_nbytes().tolist() == [(1663 * 22 + 7) // 8] * 5
+    assert torch.equal(c.decode(q, 1663), ints)
+    neg = torch.tensor([[-1, -(2**63), 2**63 - 1, 0]])  # bits=64: two's complement residues
+    assert torch.equal(UIntCodec(64).decode(UIntCodec(64).encode(neg), 4), neg)
+    with pytest.raises(DataError, match="integer tensor"):
+        c.encode(rows)

@@ -1,0 +1,102 @@
+import numpy as np
+import torch
+
+from dpfl.compression.cs import bpdn
+from dpfl.compression.dct import ChunkedDCT
+from dpfl.schemes.cs import CompressiveSensingStep, LowPassDCTStep
+from dpfl.schemes.transport import MeanAggregator, PlainTransport
+
+
+def run_round(step, u, ctx):
+    rec = PlainTransport().transmit(step.client(u, ctx), ctx)
+    return rec, step.server(MeanAggregator()(rec, ctx), ctx)
+
+
+def test_client_payload_is_m_float32_and_linear(contexts):
+    n = 3000
+    sctx, rctx = contexts(n)
+    step = CompressiveSensingStep(ratio=0.05, chunks=6)
+    step.setup(sctx)
+    ctx = rctx(1, 4)
+    u = torch.randn(4, n)
+    y = step.client(u, ctx)
+    assert y.shape == (4, 150)
+    rec = PlainTransport().transmit(y, ctx)
+    assert rec.upstream_bytes.tolist() == [4 * 150] * 4  # 4·m bytes, m = ⌊r·n⌋
+    # linearity: the server's mean of compressed updates is the compression of the mean update
+    torch.testing.assert_close(MeanAggregator()(rec, ctx), step.op.compress(u.mean(0)), atol=1e-6, rtol=0)
+    # the permutation is derived from the shared seed: same seed, same operator
+    other = CompressiveSensingStep(ratio=0.05, chunks=6)
+    other.setup(contexts(n)[0])
+    assert torch.equal(other.client(u, ctx), y)
+
+
+def test_error_feedback_and_momentum_algebra(contexts):
+    n, rho, eta = 2000, 0.9, 0.35
+    sctx, rctx = contexts(n, seed=4)
+    step = CompressiveSensingStep(ratio=0.1, chunks=4, server_lr=eta, momentum=rho)
+    step.setup(sctx)
+    op = ChunkedDCT(n, 200, 4, sctx.seeds.numpy("cs", "permutation").permutation(n))
+    mom, err = torch.zeros(200), torch.zeros(200)
+    gen = torch.Generator().manual_seed(0)
+    for r in range(1, 4):
+        u = torch.randn(5, n, generator=gen) * 1e-2
+        rec, s = run_round(step, u, rctx(r, 5))
+        y = rec.total.double() / 5
+        mom = rho * mom + y.float()  # Alg. 4 lines 8–12, recomputed independently
+        e = eta * mom + err
+        s_ref, _ = bpdn(op, e, 1e-5, tol=step.tol, max_iter=step.max_iter)
+        err = e - op.compress(s_ref)
+        torch.testing.assert_close(s, s_ref, atol=1e-7, rtol=0)
+        torch.testing.assert_close(step.u, mom, atol=1e-7, rtol=0)
+        torch.testing.assert_close(step.e, err, atol=1e-7, rtol=0)
+        # what was not reconstructed stays in the error: e_t + C(s_t) = η_G u_t + e_{t−1}
+        torch.testing.assert_close(step.e + op.compress(s), e, atol=1e-6, rtol=0)
+
+
+def test_sparse_mean_update_is_reconstructed(contexts):
+    n = 8000
+    sctx, rctx = contexts(n)
+    step = CompressiveSensingStep(ratio=0.5, chunks=4, server_lr=1.0, momentum=0.0)
+    step.setup(sctx)
+    rng = np.random.default_rng(1)
+    x = np.zeros(n, np.float32)
+    x[rng.choice(n, 40, replace=False)] = rng.choice([-1, 1], 40) * (0.01 + 0.01 * rng.random(40))
+    u = torch.from_numpy(x).expand(3, n).clone()
+    _, s = run_round(step, u, rctx(1, 3))
+    assert float((s - u[0]).norm() / u[0].norm()) < 0.05
+
+
+def test_state_dict_resumes_bit_identically(contexts):
+    n = 1500
+    gen = torch.Generator().manual_seed(2)
+    us = [torch.randn(3, n, generator=gen) * 1e-2 for _ in range(3)]
+    sctx, rctx = contexts(n)
+    a = CompressiveSensingStep(ratio=0.1, chunks=3)
+    a.setup(sctx)
+    for r in (1, 2):
+        run_round(a, us[r - 1], rctx(r, 3))
+    state = a.state_dict()
+    b = CompressiveSensingStep(ratio=0.1, chunks=3)
+    b.setup(contexts(n)[0])
+    b.load_state_dict(state)
+    _, sa = run_round(a, us[2], rctx(3, 3))
+    _, sb = run_round(b, us[2], rctx(3, 3))
+    assert torch.equal(sa, sb) and torch.equal(a.e, b.e) and torch.equal(a.u, b.u)
+
+
+def test_fl_freq_is_a_low_pass_round_trip(contexts):
+    n = 1000  # a fast FFT length: no padding
+    sctx, rctx = contexts(n)
+    step = LowPassDCTStep(ratio=0.1)
+    step.setup(sctx)
+    ctx = rctx(1, 2)
+    u = torch.randn(2, n, dtype=torch.float64)
+    y = step.client(u, ctx)
+    assert y.shape == (2, 100)
+    low = step.server(y.mean(0), ctx)
+    # the result is the projection of the mean onto the first 100 DCT basis vectors
+    again = step.server(step.client(low.unsqueeze(0), ctx)[0], ctx)
+    torch.testing.assert_close(again, low, atol=1e-5, rtol=0)
+    resid = u.mean(0).float() - low
+    assert float(step.client(resid.unsqueeze(0), ctx).abs().max()) < 1e-5  # nothing low-frequency left

@@ -1,0 +1,163 @@
+import itertools
+from collections import deque
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from scipy import stats
+
+from dpfl.errors import ConfigError, ProtocolError
+from dpfl.rng import CryptoRNG
+from dpfl.secagg import graph, keys, prg, shamir
+
+SEED = bytes(range(32))
+
+
+def _keystream(seed: bytes, nbytes: int) -> bytes:
+    return Cipher(algorithms.AES(seed), modes.CTR(b"\x00" * 16)).encryptor().update(b"\x00" * nbytes)
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_expand_is_the_aes_ctr_keystream(dtype):
+    d = prg.CHUNK_BYTES // np.dtype(dtype).itemsize * 2 + 3  # several chunks and a ragged tail
+    ref = np.frombuffer(
+        _keystream(SEED, d * np.dtype(dtype).itemsize), dtype=np.dtype(dtype).newbyteorder("<")
+    )
+    assert np.array_equal(prg.expand(SEED, d, dtype), ref)
+
+
+def test_apply_masks_adds_and_subtracts_mod_word():
+    d = 70_001
+    s1, s2 = b"\x01" * 32, b"\x02" * 32
+    y = np.arange(d, dtype=np.uint32)
+    prg.apply_masks(y, [(s1, 1), (s2, -1)])
+    ref = (
+        np.arange(d, dtype=np.int64) + prg.expand(s1, d).astype(np.int64) - prg.expand(s2, d).astype(np.int64)
+    ) % 2**32
+    assert np.array_equal(y, ref.astype(np.uint32))
+    prg.apply_masks(y, [(s2, 1), (s1, -1)])  # masks cancel
+    assert np.array_equal(y, np.arange(d, dtype=np.uint32))
+    with pytest.raises(ConfigError):
+        prg.apply_masks(np.zeros(4, np.int64), [(s1, 1)])
+    with pytest.raises(ConfigError):
+        prg.apply_masks(np.zeros(4, np.uint32), [(b"short", 1)])
+
+
+def test_mask_words_are_uniform():
+    w = prg.expand(SEED, 64_000) & np.uint32(255)
+    counts = np.bincount(w, minlength=256)
+    assert stats.chisquare(counts).pvalue > 1e-4
+
+
+def test_key_agreement_is_symmetric_and_bound_to_purpose_and_round():
+    a, b = keys.new_private_key(CryptoRNG(key=b"a" * 32)), keys.new_private_key(CryptoRNG(key=b"b" * 32))
+    ka = keys.agree(a, keys.public_bytes(b), "mask", 3)
+    assert ka == keys.agree(b, keys.public_bytes(a), "mask", 3)
+    assert ka != keys.agree(a, keys.public_bytes(b), "mask", 4)
+    assert ka != keys.agree(a, keys.public_bytes(b), "share-encryption", 3)
+    assert keys.load_private(keys.private_bytes(a)).public_key().public_bytes_raw() == keys.public_bytes(a)
+    with pytest.raises(ProtocolError):
+        keys.agree(a, b"\x00" * 31, "mask", 3)
+    with pytest.raises(ProtocolError):
+        keys.agree(a, b"\x00" * 32, "mask", 3)  # low-order point → all-zero secret
+
+
+def test_shamir_any_t_shares_reconstruct():
+    rng = CryptoRNG(key=b"s" * 32)
+    secret = bytes(reversed(range(32)))
+    n, t = 7, 4
+    shares = shamir.split(secret, t, range(1, n + 1), rng)
+    for subset in itertools.combinations(sorted(shares), t):
+        assert shamir.combine({x: shares[x] for x in subset}, t) == secret
+    for subset in itertools.combinations(sorted(shares), t - 1):
+        with pytest.raises(ProtocolError, match="need 4 shares"):
+            shamir.combine({x: shares[x] for x in subset}, t)
+
+
+def test_shamir_t_minus_one_shares_do_not_determine_the_secret():
+    rng = CryptoRNG(key=b"u" * 32)
+    # t − 1 = 1 share of two different secrets: the share's limbs are uniform either way
+    for secret in (b"\x00" * 32, b"\xff" * 32):
+        vals = np.array(
+            [shamir.share_values(shamir.split(secret, 2, [1, 2], rng)[1])[0] for _ in range(1600)]
+        )
+        assert stats.chisquare(np.bincount(vals % 16, minlength=16)).pvalue > 1e-4
+    # t − 1 real shares plus a wrong last one give some other value (or an error), not the secret
+    s = b"\x11" * 32
+    sh = shamir.split(s, 3, [1, 2, 3], rng)
+    fake = dict(sh)
+    fake[3] = shamir.split(b"\x22" * 32, 3, [1, 2, 3], rng)[3]
+    try:
+        assert shamir.combine(fake, 3) != s
+    except ProtocolError:
+        pass
+
+
+def test_shamir_rejects_malformed_shares_and_parameters():
+    rng = CryptoRNG(key=b"v" * 32)
+    with pytest.raises(ConfigError):
+        shamir.split(b"\x00" * 32, 0, [1, 2], rng)
+    with pytest.raises(ConfigError):
+        shamir.split(b"\x00" * 32, 3, [1, 2], rng)
+    with pytest.raises(ConfigError):
+        shamir.split(b"\x00" * 31, 1, [1], rng)
+    with pytest.raises(ProtocolError, match="36 bytes"):
+        shamir.share_values(b"\x00" * 35)
+    with pytest.raises(ProtocolError, match="outside the field"):
+        shamir.share_values(b"\xff" * 36)
+
+
+def _connected(nodes: set[int], adj: dict[int, tuple[int, ...]]) -> bool:
+    if len(nodes) <= 1:
+        return True
+    start = next(iter(nodes))
+    seen, todo = {start}, deque([start])
+    while todo:
+        u = todo.popleft()
+        for v in adj[u]:
+            if v in nodes and v not in seen:
+                seen.add(v)
+                todo.append(v)
+    return seen == nodes
+
+
+def test_harary_graph_is_k_regular_symmetric_and_random():
+    g = graph.harary_graph(30, 6, CryptoRNG(key=b"g" * 32))
+    assert all(len(nb) == 6 for nb in g.values())
+    assert all(u in g[v] for u in g for v in g[u])
+    assert _connected(set(g), g)
+    assert g != graph.harary_graph(30, 6, CryptoRNG(key=b"h" * 32))
+    with pytest.raises(ConfigError, match="even"):
+        graph.harary_graph(30, 5, CryptoRNG(key=b"g" * 32))
+
+
+def test_disconnection_criterion_and_bound_by_brute_force():
+    # On H(n, k) the survivors are disconnected iff the removed positions hold two disjoint runs of k/2;
+    # the bound of failure_bound(ii) must dominate the exact probability over uniformly placed removals.
+    n, k = 12, 4
+    h = k // 2
+    adj = {u: tuple((u + s) % n for s in range(-h, h + 1) if s) for u in range(n)}
+    for r in range(n - 1):
+        bad = 0
+        for removed in itertools.combinations(range(n), r):
+            rem = set(removed)
+            disc = not _connected(set(range(n)) - rem, adj)
+            runs = []
+            start = next((p for p in range(n) if p not in rem), None)
+            run = 0
+            for step in range(1, n + 1):  # walk the cycle from a survivor
+                p = (start + step) % n
+                if p in rem:
+                    run += 1
+                else:
+                    runs.append(run)
+                    run = 0
+            assert disc == (sum(x >= h for x in runs) >= 2)
+            bad += disc
+        exact = bad / len(list(itertools.combinations(range(n), r)))
+        assert graph.failure_bound(n, k, k, 0, r) >= exact - 1e-12
+
+
+def test_security_bits_complete_graph():
+    assert graph.security_bits(100, 99, 50, 5, 30) == float("inf")
+    assert graph.security_bits(100, 99, 50, 60, 0) < 1  # a corrupt majority of shareholders breaks it
