@@ -58,6 +58,15 @@ class FederationConfig(_Strict):
 class SchemeConfig(_Strict):
     name: str = "fl-std"
     options: dict[str, Any] = Field(default_factory=dict)
+    aggregator: str | None = None  # replace the scheme's aggregator (robust rules: median, krum, ...)
+    aggregator_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttackConfig(_Strict):
+    name: str = "none"  # random-update | gradient-ascent | sign-inversion | in-backdoor | out-backdoor | ...
+    fraction: float = Field(0.0, ge=0, le=1)  # share of each round's cohort that is malicious
+    mode: Literal["fixed", "bernoulli"] = "fixed"
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class PrivacyConfig(_Strict):
@@ -96,6 +105,7 @@ class RunConfig(_Strict):
     federation: FederationConfig = Field(default_factory=FederationConfig)
     scheme: SchemeConfig = Field(default_factory=SchemeConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    attack: AttackConfig | None = None
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSection = Field(default_factory=RunSection)
 

@@ -56,8 +56,11 @@ def as_bounds(bounds, d: int, name: str = "bounds") -> tuple[np.ndarray, np.ndar
         lo, hi = bounds
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be a pair (lo, hi) of scalars or length-{d} arrays, got {bounds!r}") from None
-    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), (d,)).copy()
-    hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), (d,)).copy()
+    try:
+        lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), (d,)).copy()
+        hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), (d,)).copy()
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be scalars or length-{d} arrays (one per feature), got {bounds!r}") from None
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo < hi)):
         raise ConfigError(f"{name} must be finite with lo < hi for every feature, got lo={lo}, hi={hi}")
     return lo, hi

@@ -12,8 +12,10 @@ from rich.table import Table
 
 from dpfl.errors import DpflError
 
-app = typer.Typer(help="FedCollabNN: loss-aggregating collaborative learning and private dataset generation.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="FedCollabNN: loss-aggregating collaborative learning and private dataset generation.",
+    no_args_is_help=True,
+)
 
 
 @app.callback()
@@ -51,20 +53,38 @@ def run_cmd(
     path = out or Path(cfg.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=2))
-    t = Table(title=f"FedCollabNN on {res['dataset']} ({res['n_train']} train / {res['n_test']} test), "
-                    f"final epoch test accuracy")
-    for col in ("K", "Alg.2 mean worker", "Alg.2 vote", "Alg.2 noisy vote", "Alg.2 softmax", "indep. mean worker",
-                "indep. vote", "FedAvg", "max |θ_Alg2 − θ_indep|"):
+    t = Table(
+        title=f"FedCollabNN on {res['dataset']} ({res['n_train']} train / {res['n_test']} test), "
+        f"final epoch test accuracy"
+    )
+    for col in (
+        "K",
+        "Alg.2 mean worker",
+        "Alg.2 vote",
+        "Alg.2 noisy vote",
+        "Alg.2 softmax",
+        "indep. mean worker",
+        "indep. vote",
+        "FedAvg",
+        "max |θ_Alg2 − θ_indep|",
+    ):
         t.add_column(col, justify="right")
     for r in res["runs"]:
         w = _last(r, "fedcollab", "worker_accuracy")
         wi = _last(r, "independent", "worker_accuracy")
         fa = _last(r, "fedavg", "worker_accuracy")
         diff = r.get("max_param_diff_fedcollab_vs_independent")
-        t.add_row(str(r["workers"]), _fmt(sum(w) / len(w) if w else None), _fmt(_last(r, "fedcollab", "vote_accuracy")),
-                  _fmt(_last(r, "fedcollab", "noisy_vote_accuracy")), _fmt(_last(r, "fedcollab", "softmax_accuracy")),
-                  _fmt(sum(wi) / len(wi) if wi else None), _fmt(_last(r, "independent", "vote_accuracy")),
-                  _fmt(fa[0] if fa else None), "-" if diff is None else f"{diff:.2e}")
+        t.add_row(
+            str(r["workers"]),
+            _fmt(sum(w) / len(w) if w else None),
+            _fmt(_last(r, "fedcollab", "vote_accuracy")),
+            _fmt(_last(r, "fedcollab", "noisy_vote_accuracy")),
+            _fmt(_last(r, "fedcollab", "softmax_accuracy")),
+            _fmt(sum(wi) / len(wi) if wi else None),
+            _fmt(_last(r, "independent", "vote_accuracy")),
+            _fmt(fa[0] if fa else None),
+            "-" if diff is None else f"{diff:.2e}",
+        )
     Console().print(t)
     typer.echo(f"results: {path}")
 
@@ -89,8 +109,10 @@ def generate_cmd(
     t.add_row("ε data-independent", f"{p['eps_data_independent']:.4f} at δ = {p['delta']:g}")
     t.add_row("ε data-dependent (raw, not private)", f"{p['eps_data_dependent']:.4f}")
     if p["eps_data_dependent_released"] is not None:
-        t.add_row("ε data-dependent, smooth-sensitivity release", f"{p['eps_data_dependent_released']:.4f} "
-                  f"(release costs ({p['release_epsilon']:.3f}, δ))")
+        t.add_row(
+            "ε data-dependent, smooth-sensitivity release",
+            f"{p['eps_data_dependent_released']:.4f} (release costs ({p['release_epsilon']:.3f}, δ))",
+        )
     t.add_row("label accuracy (evaluation)", f"{rep['label_accuracy']:.4f}")
     if "student_test_accuracy" in rep:
         t.add_row(f"student ({rep['student_model']}) test accuracy", f"{rep['student_test_accuracy']:.4f}")

@@ -51,6 +51,8 @@ class CollabSection(_Strict):
 
 class GenerateSection(_Strict):
     workers: int = Field(10, ge=2)
+    # teachers: FedCollabNN workers (Alg. 2), or plain PATE teachers trained independently (lr η·w)
+    teachers: Literal["fedcollab", "independent"] = "fedcollab"
     n_public: int = Field(1000, ge=1)  # unlabeled queries, taken from the test split
     mechanism: Literal["lnmax", "gnmax"] = "lnmax"
     noise: float = Field(0.05, gt=0)  # γ (lnmax) or σ (gnmax)

@@ -44,29 +44,49 @@ def run_workers(cfg: ExperimentConfig, ds, k: int) -> dict:
     out: dict = {"workers": k, "train_per_worker": ds.n_train // k}
 
     def on_epoch(alg):
-        return lambda epoch, models: evaluate(models, ds.x_test, ds.y_test, vote_gamma=c.vote_gamma,
-                                              rng_seeds=seeds, tag=(k, alg, epoch))
+        return lambda epoch, models: evaluate(
+            models, ds.x_test, ds.y_test, vote_gamma=c.vote_gamma, rng_seeds=seeds, tag=(k, alg, epoch)
+        )
 
     weight = 1.0 if c.mode == "sum" else 1.0 / k
     logs = {}
     common = {"epochs": c.epochs, "batch_size": c.batch_size, "seeds": seeds}
     if "fedcollab" in c.algorithms:
         t = time.perf_counter()
-        logs["fedcollab"] = train_losses(make_workers(cfg, ds, k), combine=c.mode, lr=c.lr, frac_bits=c.frac_bits,
-                                         on_epoch=on_epoch("fedcollab"), **common)
+        logs["fedcollab"] = train_losses(
+            make_workers(cfg, ds, k),
+            combine=c.mode,
+            lr=c.lr,
+            frac_bits=c.frac_bits,
+            on_epoch=on_epoch("fedcollab"),
+            **common,
+        )
         out["fedcollab_seconds"] = time.perf_counter() - t
     if "independent" in c.algorithms:
-        logs["independent"] = train_losses(make_workers(cfg, ds, k), combine="independent", lr=c.lr * weight,
-                                           on_epoch=on_epoch("independent"), **common)
+        logs["independent"] = train_losses(
+            make_workers(cfg, ds, k),
+            combine="independent",
+            lr=c.lr * weight,
+            on_epoch=on_epoch("independent"),
+            **common,
+        )
     if "fedavg" in c.algorithms:
-        logs["fedavg"] = train_fedavg(make_workers(cfg, ds, k), lr=c.lr, sync_every=c.fedavg_sync_every,
-                                      frac_bits=c.frac_bits, on_epoch=on_epoch("fedavg"), **common)
+        logs["fedavg"] = train_fedavg(
+            make_workers(cfg, ds, k),
+            lr=c.lr,
+            sync_every=c.fedavg_sync_every,
+            frac_bits=c.frac_bits,
+            on_epoch=on_epoch("fedavg"),
+            **common,
+        )
     for name, log in logs.items():
         out[name] = log.summary()
     if "fedcollab" in logs and "independent" in logs:
         # B1.5: Alg. 2 equals independent training with lr·w up to float rounding.
-        diffs = [float((a - b).abs().max()) for a, b in zip(logs["fedcollab"].final_params,
-                                                             logs["independent"].final_params)]
+        diffs = [
+            float((a - b).abs().max())
+            for a, b in zip(logs["fedcollab"].final_params, logs["independent"].final_params, strict=True)
+        ]
         scale = max(float(a.abs().max()) for a in logs["fedcollab"].final_params)
         out["max_param_diff_fedcollab_vs_independent"] = max(diffs)
         out["param_scale"] = scale
@@ -76,5 +96,10 @@ def run_workers(cfg: ExperimentConfig, ds, k: int) -> dict:
 
 def run_experiment(cfg: ExperimentConfig) -> dict:
     ds = load_data(cfg)
-    return {"config": cfg.model_dump(), "dataset": ds.name, "n_train": ds.n_train, "n_test": ds.n_test,
-            "runs": [run_workers(cfg, ds, k) for k in cfg.collab.workers]}
+    return {
+        "config": cfg.model_dump(),
+        "dataset": ds.name,
+        "n_train": ds.n_train,
+        "n_test": ds.n_test,
+        "runs": [run_workers(cfg, ds, k) for k in cfg.collab.workers],
+    }

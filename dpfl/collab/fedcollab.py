@@ -53,10 +53,15 @@ class RunLog:
 
     def summary(self) -> dict:
         return {
-            "algorithm": self.algorithm, "lr": self.lr, "history": self.history,
-            "peer_messages": self.traffic.peer_messages, "peer_bytes": self.traffic.peer_bytes,
-            "upload_messages": self.traffic.upload_messages, "upload_bytes": self.traffic.upload_bytes,
-            "broadcast_bytes": self.broadcast_bytes, "opened_values": self.opened_values,
+            "algorithm": self.algorithm,
+            "lr": self.lr,
+            "history": self.history,
+            "peer_messages": self.traffic.peer_messages,
+            "peer_bytes": self.traffic.peer_bytes,
+            "upload_messages": self.traffic.upload_messages,
+            "upload_bytes": self.traffic.upload_bytes,
+            "broadcast_bytes": self.broadcast_bytes,
+            "opened_values": self.opened_values,
             "max_open_error": self.max_open_error,
         }
 
@@ -68,11 +73,13 @@ def steps_per_epoch(workers: list[Worker], batch_size: int) -> int:
 def _batches(workers: list[Worker], batch_size: int, seeds: Seeds, epoch: int):
     """Per step, one (x, y) minibatch per worker; each worker walks its own seeded permutation
     (a worker with fewer batches than the longest starts over)."""
-    perms = [torch.randperm(len(w.y), generator=seeds.torch("collab", "batches", k, epoch))
-             for k, w in enumerate(workers)]
+    perms = [
+        torch.randperm(len(w.y), generator=seeds.torch("collab", "batches", k, epoch))
+        for k, w in enumerate(workers)
+    ]
     for t in range(steps_per_epoch(workers, batch_size)):
         out = []
-        for w, p in zip(workers, perms):
+        for w, p in zip(workers, perms, strict=True):
             nb = math.ceil(len(p) / batch_size)
             idx = p[(t % nb) * batch_size : (t % nb + 1) * batch_size]
             out.append((w.x[idx], w.y[idx]))
@@ -87,8 +94,15 @@ def predict_logits(model: nn.Module, x: torch.Tensor, batch: int = 1000) -> torc
     return out
 
 
-def evaluate(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, *, vote_gamma: float,
-             rng_seeds: Seeds, tag: tuple) -> dict:
+def evaluate(
+    models: list[nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    vote_gamma: float,
+    rng_seeds: Seeds,
+    tag: tuple,
+) -> dict:
     """Per-worker accuracy and three ensemble rules: plurality vote, LNMax noisy vote, softmax mean."""
     logits = [predict_logits(m, x) for m in models]
     preds = np.stack([lg.argmax(1).numpy() for lg in logits])  # [K, N]
@@ -112,8 +126,17 @@ def _check(workers: list[Worker], epochs: int, batch_size: int, lr: float) -> No
         raise ConfigError(f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}")
 
 
-def train_losses(workers: list[Worker], *, combine: str, epochs: int, batch_size: int, lr: float, seeds: Seeds,
-                 frac_bits: int = 24, on_epoch: Callable[[int, list[nn.Module]], dict] | None = None) -> RunLog:
+def train_losses(
+    workers: list[Worker],
+    *,
+    combine: str,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seeds: Seeds,
+    frac_bits: int = 24,
+    on_epoch: Callable[[int, list[nn.Module]], dict] | None = None,
+) -> RunLog:
     """Alg. 2 (`combine` = "sum" or "average") or independent training (`combine` = "independent")."""
     _check(workers, epochs, batch_size, lr)
     if combine not in MODES + ("independent",):
@@ -124,7 +147,7 @@ def train_losses(workers: list[Worker], *, combine: str, epochs: int, batch_size
     rng = seeds.crypto("collab", "shares", combine)
     for epoch in range(1, epochs + 1):
         for batch in _batches(workers, batch_size, seeds, epoch):
-            losses = [F.cross_entropy(w.model(xb), yb) for w, (xb, yb) in zip(workers, batch)]
+            losses = [F.cross_entropy(w.model(xb), yb) for w, (xb, yb) in zip(workers, batch, strict=True)]
             for o in opts:
                 o.zero_grad(set_to_none=True)
             if combine == "independent":
@@ -149,9 +172,17 @@ def train_losses(workers: list[Worker], *, combine: str, epochs: int, batch_size
     return log
 
 
-def train_fedavg(workers: list[Worker], *, epochs: int, batch_size: int, lr: float, seeds: Seeds,
-                 sync_every: int | None = None, frac_bits: int = 24,
-                 on_epoch: Callable[[int, list[nn.Module]], dict] | None = None) -> RunLog:
+def train_fedavg(
+    workers: list[Worker],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seeds: Seeds,
+    sync_every: int | None = None,
+    frac_bits: int = 24,
+    on_epoch: Callable[[int, list[nn.Module]], dict] | None = None,
+) -> RunLog:
     """Alg. 1: FedAvg from worker 0's initial θ, parameters averaged by secret sharing every
     `sync_every` local steps (default: once per epoch) and at the end of every epoch."""
     _check(workers, epochs, batch_size, lr)
@@ -170,13 +201,17 @@ def train_fedavg(workers: list[Worker], *, epochs: int, batch_size: int, lr: flo
 
     def sync() -> None:
         nonlocal theta
-        rows = np.stack([parameters_to_vector(w.model.parameters()).detach().double().numpy() for w in workers])
+        rows = np.stack(
+            [parameters_to_vector(w.model.parameters()).detach().double().numpy() for w in workers]
+        )
         total, traffic = secure_sum(rows, frac_bits, rng)
         new = torch.from_numpy(total / k).to(theta.dtype)
         log.traffic.add(traffic)
         log.broadcast_bytes += k * new.numel() * new.element_size()
         log.opened_values += 1
-        log.max_open_error = max(log.max_open_error, float((new.double() - torch.from_numpy(rows.mean(0))).abs().max()))
+        log.max_open_error = max(
+            log.max_open_error, float((new.double() - torch.from_numpy(rows.mean(0))).abs().max())
+        )
         theta = new
 
     for w in workers:
@@ -184,7 +219,7 @@ def train_fedavg(workers: list[Worker], *, epochs: int, batch_size: int, lr: flo
     for epoch in range(1, epochs + 1):
         since = 0
         for batch in _batches(workers, batch_size, seeds, epoch):
-            for w, o, (xb, yb) in zip(workers, opts, batch):
+            for w, o, (xb, yb) in zip(workers, opts, batch, strict=True):
                 o.zero_grad(set_to_none=True)
                 F.cross_entropy(w.model(xb), yb).backward()
                 o.step()

@@ -1,6 +1,6 @@
 """Private dataset generation (FedCollabNN §V): worker models as PATE teachers.
 
-1. train K workers with FedCollabNN (Alg. 2) on disjoint shards;
+1. train K workers with FedCollabNN (Alg. 2) on disjoint shards (or independently: plain PATE);
 2. take `n_public` unlabeled inputs (a seeded part of the test split; the rest evaluates);
 3. every worker votes; the aggregator releases noisy-max labels (LNMax Lap(1/γ) or GNMax);
 4. write the labelled set (NPZ and CSV) and a privacy report (data-independent and
@@ -33,8 +33,9 @@ from dpfl.pate.votes import noisy_max, vote_counts
 from dpfl.rng import CryptoRNG, Seeds
 
 
-def train_student(cfg: ExperimentConfig, x: torch.Tensor, y: torch.Tensor, x_eval: torch.Tensor,
-                  y_eval: torch.Tensor) -> float:
+def train_student(
+    cfg: ExperimentConfig, x: torch.Tensor, y: torch.Tensor, x_eval: torch.Tensor, y_eval: torch.Tensor
+) -> float:
     g = cfg.generate
     seeds = Seeds(cfg.seed)
     model = build_model(g.student_model, seed=seeds.seed("generate", "student") % 2**32, **g.student_options)
@@ -46,7 +47,11 @@ def train_student(cfg: ExperimentConfig, x: torch.Tensor, y: torch.Tensor, x_eva
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
-    return float((predict_logits(model, x_eval).argmax(1) == y_eval).float().mean()) if len(y_eval) else float("nan")
+    return (
+        float((predict_logits(model, x_eval).argmax(1) == y_eval).float().mean())
+        if len(y_eval)
+        else float("nan")
+    )
 
 
 def write_csv(path: Path, index: np.ndarray, labels: np.ndarray, x: np.ndarray | None) -> None:
@@ -70,10 +75,21 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
     seeds = Seeds(cfg.seed)
     ds = load_data(cfg)
     if g.n_public >= ds.n_test:
-        raise ConfigError(f"n_public must be < the test split ({ds.n_test}): the rest evaluates; got {g.n_public}")
+        raise ConfigError(
+            f"n_public must be < the test split ({ds.n_test}): the rest evaluates; got {g.n_public}"
+        )
     workers = make_workers(cfg, ds, g.workers)
-    log = train_losses(workers, combine=c.mode, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, seeds=seeds,
-                       frac_bits=c.frac_bits)
+    weight = 1.0 if c.mode == "sum" else 1.0 / g.workers
+    fedcollab = g.teachers == "fedcollab"
+    log = train_losses(
+        workers,
+        combine=c.mode if fedcollab else "independent",
+        epochs=c.epochs,
+        batch_size=c.batch_size,
+        lr=c.lr if fedcollab else c.lr * weight,
+        seeds=seeds,
+        frac_bits=c.frac_bits,
+    )
     perm = torch.randperm(ds.n_test, generator=seeds.torch("generate", "public"))
     pub, rest = perm[: g.n_public], perm[g.n_public :]
     x_pub = ds.x_test[pub]
@@ -82,18 +98,30 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
     rng = CryptoRNG() if g.os_randomness else seeds.crypto("generate", "votes")
     labels = noisy_max(counts, g.mechanism, g.noise, rng)
     release_rng = CryptoRNG() if g.os_randomness else seeds.crypto("generate", "release")
-    rep = analyze(counts, labels=labels, mechanism=g.mechanism, noise=g.noise, delta=g.delta, moments=g.moments,
-                  beta=g.beta, rng=release_rng if g.mechanism == "lnmax" else None)
+    rep = analyze(
+        counts,
+        labels=labels,
+        mechanism=g.mechanism,
+        noise=g.noise,
+        delta=g.delta,
+        moments=g.moments,
+        beta=g.beta,
+        rng=release_rng if g.mechanism == "lnmax" else None,
+    )
     y_true = ds.y_test[pub].numpy()
     report = {
         "privacy": rep.to_dict(),
         "teachers": g.workers,
-        "teacher_training": f"FedCollabNN Alg. 2 ({c.mode}), {c.epochs} epochs, disjoint equal shards",
+        "teacher_training": (
+            f"FedCollabNN Alg. 2 ({c.mode})" if fedcollab else f"independent, lr {c.lr * weight:g}"
+        )
+        + f", {c.epochs} epochs, disjoint equal shards",
         "queries": g.n_public,
         "label_accuracy": float(np.mean(labels == y_true)),  # evaluation only: needs the true labels
         "plurality_accuracy": float(np.mean(counts.argmax(1) == y_true)),
         "teacher_accuracy": [float(np.mean(p == y_true)) for p in preds],
         "training_opened_losses": log.opened_values,
+        "index": "rows of the dataset's test split as loaded (dataset, seed, n_test)",
         "caveats": [
             "ε covers the released labels; the aggregate losses opened during training are not noised",
             "sensitivity 1 vote per query assumes each record trains one teacher (disjoint shards, Alg. 2)",
@@ -102,14 +130,17 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
     }
     if g.student_model:
         report["student_model"] = g.student_model
-        report["student_test_accuracy"] = train_student(cfg, x_pub, torch.from_numpy(labels), ds.x_test[rest],
-                                                        ds.y_test[rest])
+        report["student_test_accuracy"] = train_student(
+            cfg, x_pub, torch.from_numpy(labels), ds.x_test[rest], ds.y_test[rest]
+        )
         report["student_eval_examples"] = len(rest)
     out = Path(out_dir if out_dir is not None else g.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     x_np = x_pub.numpy()
     np.savez_compressed(out / "dataset.npz", x=x_np, y=labels.astype(np.int64), index=pub.numpy())
-    write_csv(out / "dataset.csv", pub.numpy(), labels, x_np.reshape(len(labels), -1) if g.csv_features else None)
+    write_csv(
+        out / "dataset.csv", pub.numpy(), labels, x_np.reshape(len(labels), -1) if g.csv_features else None
+    )
     (out / "privacy_report.json").write_text(json.dumps(report, indent=2))
     report["files"] = [str(out / n) for n in ("dataset.npz", "dataset.csv", "privacy_report.json")]
     return report

@@ -33,7 +33,9 @@ def encode(values: np.ndarray, frac_bits: int) -> np.ndarray:
         raise ProtocolError("cannot encode NaN or infinite values")
     scaled = np.rint(v * 2.0**frac_bits)
     if np.any(np.abs(scaled) >= _LIMIT):
-        raise ProtocolError(f"value {np.abs(v).max():.4g} too large for 2^62 / 2^{frac_bits}; lower frac_bits")
+        raise ProtocolError(
+            f"value {np.abs(v).max():.4g} too large for 2^62 / 2^{frac_bits}; lower frac_bits"
+        )
     return scaled.astype(np.int64).view(np.uint64)
 
 

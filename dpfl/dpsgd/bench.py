@@ -35,8 +35,12 @@ def _opacus_stepper(model, x, y, clip, sigma, lr):
     from opacus.optimizers import DPOptimizer
 
     gsm = GradSampleModule(model)
-    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=lr), noise_multiplier=sigma, max_grad_norm=clip,
-                      expected_batch_size=len(x))
+    opt = DPOptimizer(
+        torch.optim.SGD(gsm.parameters(), lr=lr),
+        noise_multiplier=sigma,
+        max_grad_norm=clip,
+        expected_batch_size=len(x),
+    )
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -46,9 +50,18 @@ def _opacus_stepper(model, x, y, clip, sigma, lr):
     return step
 
 
-def run_bench(model: str = "cnn", batch_size: int = 64, steps: int = 5, warmup: int = 1, clip: float = 1.0,
-              noise_multiplier: float = 1.0, lr: float = 0.1, threads: int | None = None, seed: int = 0,
-              print_table: bool = True) -> dict:
+def run_bench(
+    model: str = "cnn",
+    batch_size: int = 64,
+    steps: int = 5,
+    warmup: int = 1,
+    clip: float = 1.0,
+    noise_multiplier: float = 1.0,
+    lr: float = 0.1,
+    threads: int | None = None,
+    seed: int = 0,
+    print_table: bool = True,
+) -> dict:
     """Examples/s of one DP-SGD step for dpfl and Opacus (if installed) on `model`, same batch."""
     if threads is not None:
         torch.set_num_threads(threads)
@@ -73,15 +86,22 @@ def run_bench(model: str = "cnn", batch_size: int = 64, steps: int = 5, warmup: 
                 times[name].append(time.perf_counter() - t)
     rates = {k: batch_size / statistics.median(v) for k, v in times.items()}
     out = {
-        "model": model, "params": count_params(build_model(model, seed=seed)), "batch_size": batch_size,
-        "steps": steps, "threads": torch.get_num_threads(), "examples_per_s": rates,
-        "step_seconds": {k: sorted(v) for k, v in times.items()}, "opacus": opacus_note,
+        "model": model,
+        "params": count_params(build_model(model, seed=seed)),
+        "batch_size": batch_size,
+        "steps": steps,
+        "threads": torch.get_num_threads(),
+        "examples_per_s": rates,
+        "step_seconds": {k: sorted(v) for k, v in times.items()},
+        "opacus": opacus_note,
     }
     if "opacus" in rates:
         out["speedup_vs_opacus"] = rates["dpfl"] / rates["opacus"]
     if print_table:
-        t = Table(title=f"DP-SGD step throughput: {model} ({out['params']:,} params), batch {batch_size}, "
-                        f"{out['threads']} threads, median of {steps}")
+        t = Table(
+            title=f"DP-SGD step throughput: {model} ({out['params']:,} params), batch {batch_size}, "
+            f"{out['threads']} threads, median of {steps}"
+        )
         t.add_column("implementation")
         t.add_column("examples/s", justify="right")
         t.add_column("median step (s)", justify="right")

@@ -62,15 +62,38 @@ def run_central(cfg: DPSGDConfig) -> dict:
     else:
         plan = DPPlan(cfg.noise_multiplier, q, steps_for(cfg.epochs, q))
     t0 = time.perf_counter()
-    res = train(model, ds.x_train, ds.y_train, plan=plan, clip=cfg.clip, lr=cfg.lr, seeds=Seeds(cfg.seed),
-                delta=cfg.delta, momentum=cfg.momentum, loss="bce" if ds.task == "binary" else "ce",
-                chunk_size=cfg.chunk_size, accountant=cfg.accountant, x_test=ds.x_test, y_test=ds.y_test)
+    res = train(
+        model,
+        ds.x_train,
+        ds.y_train,
+        plan=plan,
+        clip=cfg.clip,
+        lr=cfg.lr,
+        seeds=Seeds(cfg.seed),
+        delta=cfg.delta,
+        momentum=cfg.momentum,
+        loss="bce" if ds.task == "binary" else "ce",
+        chunk_size=cfg.chunk_size,
+        accountant=cfg.accountant,
+        x_test=ds.x_test,
+        y_test=ds.y_test,
+    )
     seconds = time.perf_counter() - t0
     return {
-        "dataset": ds.name, "n_train": n, "n_test": ds.n_test, "model": cfg.model, "params": count_params(model),
-        "noise_multiplier": plan.noise_multiplier, "sample_rate": q, "steps": plan.steps, "clip": cfg.clip,
-        "epsilon": res.epsilon, "delta": cfg.delta, "accountant": cfg.accountant,
-        "test_accuracy": res.test_accuracy, "mean_lot_size": res.mean_lot_size, "seconds": seconds,
+        "dataset": ds.name,
+        "n_train": n,
+        "n_test": ds.n_test,
+        "model": cfg.model,
+        "params": count_params(model),
+        "noise_multiplier": plan.noise_multiplier,
+        "sample_rate": q,
+        "steps": plan.steps,
+        "clip": cfg.clip,
+        "epsilon": res.epsilon,
+        "delta": cfg.delta,
+        "accountant": cfg.accountant,
+        "test_accuracy": res.test_accuracy,
+        "mean_lot_size": res.mean_lot_size,
+        "seconds": seconds,
         "history": res.history,
     }
-

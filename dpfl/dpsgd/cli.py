@@ -10,8 +10,9 @@ from rich.table import Table
 
 from dpfl.errors import ConfigError, DpflError
 
-app = typer.Typer(help="Record-level DP-SGD (per-example clipping, Gaussian noise, Poisson sampling).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Record-level DP-SGD (per-example clipping, Gaussian noise, Poisson sampling).", no_args_is_help=True
+)
 
 
 @app.callback()
@@ -23,7 +24,7 @@ def _group() -> None:
 def train_cmd(
     dataset: str = typer.Option("fashion-mnist", help="dataset name (dpfl.data)"),
     model: str = typer.Option("cnn", help="model name (dpfl.models)"),
-    model_options: str = typer.Option("{}", help='model options as JSON, e.g. \'{"in_features": 784}\''),
+    model_options: str = typer.Option("{}", help="model options as JSON, e.g. '{\"in_features\": 784}'"),
     n_train: int = typer.Option(None, help="use this many training examples (default all)"),
     n_test: int = typer.Option(None, help="use this many test examples (default all)"),
     epochs: float = typer.Option(1.0, help="epochs; steps T = epochs / q"),
@@ -46,10 +47,23 @@ def train_cmd(
             opts = json.loads(model_options)
         except json.JSONDecodeError as e:
             raise ConfigError(f"--model-options must be a JSON object: {e}") from None
-        cfg = config_from(dataset=dataset, model=model, model_options=opts, n_train=n_train, n_test=n_test,
-                          epochs=epochs, lot_size=lot_size, clip=clip, noise_multiplier=noise_multiplier,
-                          target_epsilon=target_epsilon, delta=delta, lr=lr, momentum=momentum,
-                          accountant=accountant, seed=seed)
+        cfg = config_from(
+            dataset=dataset,
+            model=model,
+            model_options=opts,
+            n_train=n_train,
+            n_test=n_test,
+            epochs=epochs,
+            lot_size=lot_size,
+            clip=clip,
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            lr=lr,
+            momentum=momentum,
+            accountant=accountant,
+            seed=seed,
+        )
         res = run_central(cfg)
     except DpflError as e:
         typer.echo(f"error: {e}", err=True)
@@ -57,11 +71,16 @@ def train_cmd(
     if as_json:
         typer.echo(json.dumps(res, indent=2))
         return
-    t = Table(title=f"DP-SGD {res['model']} on {res['dataset']} ({res['n_train']} train / {res['n_test']} test)")
+    t = Table(
+        title=f"DP-SGD {res['model']} on {res['dataset']} ({res['n_train']} train / {res['n_test']} test)"
+    )
     for col in ("epoch", "ε", "test accuracy"):
         t.add_column(col, justify="right")
     for h in res["history"]:
         t.add_row(f"{h['epoch']:.2f}", f"{h['epsilon']:.3f}", f"{h.get('test_accuracy', float('nan')):.4f}")
     Console().print(t)
-    typer.echo(f"σ = {res['noise_multiplier']:.4f}, q = {res['sample_rate']:.5f}, T = {res['steps']}, C = {res['clip']}, "
-               f"(ε, δ) = ({res['epsilon']:.4f}, {res['delta']:g}) [{res['accountant']}], {res['seconds']:.1f} s")
+    typer.echo(
+        f"σ = {res['noise_multiplier']:.4f}, q = {res['sample_rate']:.5f}, T = {res['steps']}, "
+        f"C = {res['clip']}, (ε, δ) = ({res['epsilon']:.4f}, {res['delta']:g}) [{res['accountant']}], "
+        f"{res['seconds']:.1f} s"
+    )

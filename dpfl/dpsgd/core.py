@@ -44,10 +44,19 @@ def _loss_fn(model: torch.nn.Module, buffers: Params, loss: str) -> Callable:
     return one
 
 
-def per_example_grads(params: Params, buffers: Params, model: torch.nn.Module, x: torch.Tensor,
-                      y: torch.Tensor, *, loss: str = "ce") -> Params:
+def per_example_grads(
+    params: Params,
+    buffers: Params,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str = "ce",
+) -> Params:
     """{name: [B, *shape]} gradients of each example's loss."""
-    return vmap(grad(_loss_fn(model, buffers, loss)), in_dims=(None, 0, 0), randomness="different")(params, x, y)
+    return vmap(grad(_loss_fn(model, buffers, loss)), in_dims=(None, 0, 0), randomness="different")(
+        params, x, y
+    )
 
 
 def _sq_norm(g: torch.Tensor) -> torch.Tensor:
@@ -65,8 +74,17 @@ def clip_factors(grads: Params, clip: float) -> torch.Tensor:
     return torch.clamp(clip * _CLIP_MARGIN / norms, max=1.0)  # norm 0 -> inf -> 1
 
 
-def clipped_grad_sum(params: Params, buffers: Params, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                     *, clip: float, loss: str = "ce", mask: torch.Tensor | None = None) -> Params:
+def clipped_grad_sum(
+    params: Params,
+    buffers: Params,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    clip: float,
+    loss: str = "ce",
+    mask: torch.Tensor | None = None,
+) -> Params:
     """Σ_i m_i ḡ_i: the sum of clipped per-example gradients (mask: float/bool [B], 0 = padding)."""
     grads = per_example_grads(params, buffers, model, x, y, loss=loss)
     w = clip_factors(grads, clip)
@@ -97,8 +115,14 @@ def gaussian_like(tensors: Params, std: float, rng: CryptoRNG) -> Params:
     return out
 
 
-def noisy_gradient(grad_sum: Params, *, clip: float, noise_multiplier: float, expected_batch_size: float,
-                   generator: CryptoRNG) -> Params:
+def noisy_gradient(
+    grad_sum: Params,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: CryptoRNG,
+) -> Params:
     """(Σ ḡ_i + N(0, σ²C²)) / L."""
     if not expected_batch_size > 0:
         raise ConfigError(f"expected batch size must be > 0, got {expected_batch_size}")
@@ -106,9 +130,21 @@ def noisy_gradient(grad_sum: Params, *, clip: float, noise_multiplier: float, ex
     return {k: (g + (noise[k] if noise else 0.0)) / expected_batch_size for k, g in grad_sum.items()}
 
 
-def dpsgd_step(params: Params, buffers: Params, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
-               clip: float, noise_multiplier: float, lr: float, generator: CryptoRNG, loss: str = "ce",
-               mask: torch.Tensor | None = None, expected_batch_size: float | None = None) -> Params:
+def dpsgd_step(
+    params: Params,
+    buffers: Params,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    lr: float,
+    generator: CryptoRNG,
+    loss: str = "ce",
+    mask: torch.Tensor | None = None,
+    expected_batch_size: float | None = None,
+) -> Params:
     """One DP-SGD step; returns the new params. L defaults to the number of unmasked rows only
     when no mask is given (fixed batches); with Poisson sampling pass L = qN."""
     check_dp_args(clip, noise_multiplier, lr)
@@ -117,6 +153,11 @@ def dpsgd_step(params: Params, buffers: Params, model: torch.nn.Module, x: torch
             raise ConfigError("with a mask (Poisson sampling) pass expected_batch_size = q·N")
         expected_batch_size = float(x.shape[0])
     s = clipped_grad_sum(params, buffers, model, x, y, clip=clip, loss=loss, mask=mask)
-    g = noisy_gradient(s, clip=clip, noise_multiplier=noise_multiplier,
-                       expected_batch_size=expected_batch_size, generator=generator)
+    g = noisy_gradient(
+        s,
+        clip=clip,
+        noise_multiplier=noise_multiplier,
+        expected_batch_size=expected_batch_size,
+        generator=generator,
+    )
     return {k: p - lr * g[k] for k, p in params.items()}

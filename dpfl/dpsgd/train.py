@@ -41,8 +41,9 @@ def steps_for(epochs: float, sample_rate: float) -> int:
     return max(1, round(epochs / sample_rate))
 
 
-def make_private_with_epsilon(target_epsilon: float, delta: float, sample_rate: float, epochs: float,
-                              accountant: str = "rdp") -> DPPlan:
+def make_private_with_epsilon(
+    target_epsilon: float, delta: float, sample_rate: float, epochs: float, accountant: str = "rdp"
+) -> DPPlan:
     """Smallest σ (ledger's `calibrate_sigma`) so that T = epochs/q steps stay within (ε, δ)."""
     steps = steps_for(epochs, sample_rate)
     sigma = calibrate_sigma(target_epsilon, delta, sample_rate, steps, accountant=accountant)
@@ -64,7 +65,9 @@ def padded_chunks(idx: np.ndarray, chunk: int):
 
 
 @torch.no_grad()
-def accuracy(model: torch.nn.Module, params: dict, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> float:
+def accuracy(
+    model: torch.nn.Module, params: dict, x: torch.Tensor, y: torch.Tensor, batch: int = 1000
+) -> float:
     correct = 0
     for i in range(0, len(x), batch):
         out = functional_call(model, params, (x[i : i + batch],))
@@ -84,10 +87,24 @@ class TrainResult:
     mean_lot_size: float = 0.0
 
 
-def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, plan: DPPlan, clip: float, lr: float,
-          seeds: Seeds, delta: float = 1e-5, momentum: float = 0.0, loss: str = "ce", chunk_size: int = 128,
-          accountant: str = "rdp", ledger: Ledger | None = None, x_test: torch.Tensor | None = None,
-          y_test: torch.Tensor | None = None) -> TrainResult:
+def train(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    plan: DPPlan,
+    clip: float,
+    lr: float,
+    seeds: Seeds,
+    delta: float = 1e-5,
+    momentum: float = 0.0,
+    loss: str = "ce",
+    chunk_size: int = 128,
+    accountant: str = "rdp",
+    ledger: Ledger | None = None,
+    x_test: torch.Tensor | None = None,
+    y_test: torch.Tensor | None = None,
+) -> TrainResult:
     """DP-SGD for `plan.steps` steps from the model's current parameters; the model is not modified."""
     check_dp_args(clip, plan.noise_multiplier, lr)
     if not 0 <= momentum < 1:
@@ -97,7 +114,9 @@ def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, plan: DPP
     n = len(x)
     if ledger is None:
         ledger = Ledger(accountant)
-    event = SampledGaussianEvent(plan.noise_multiplier, plan.sample_rate) if plan.noise_multiplier > 0 else None
+    event = (
+        SampledGaussianEvent(plan.noise_multiplier, plan.sample_rate) if plan.noise_multiplier > 0 else None
+    )
     if event is None:
         raise PrivacyError("noise multiplier 0 gives no privacy; DP-SGD needs σ > 0")
     torch.manual_seed(seeds.seed("dpsgd", "torch"))  # dropout inside vmap draws from the global generator
@@ -114,12 +133,18 @@ def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, plan: DPP
         lots += len(idx)
         total = {k: torch.zeros_like(v) for k, v in params.items()}
         for part, mask in padded_chunks(idx, chunk_size):
-            s = clipped_grad_sum(params, buffers, model, x[part], y[part], clip=clip, loss=loss,
-                                 mask=torch.from_numpy(mask))
+            s = clipped_grad_sum(
+                params, buffers, model, x[part], y[part], clip=clip, loss=loss, mask=torch.from_numpy(mask)
+            )
             for k in total:
                 total[k] += s[k]
-        g = noisy_gradient(total, clip=clip, noise_multiplier=plan.noise_multiplier,
-                           expected_batch_size=expected, generator=noise_rng)
+        g = noisy_gradient(
+            total,
+            clip=clip,
+            noise_multiplier=plan.noise_multiplier,
+            expected_batch_size=expected,
+            generator=noise_rng,
+        )
         for k, p in params.items():
             velocity[k] = momentum * velocity[k] + g[k]
             params[k] = p - lr * velocity[k]

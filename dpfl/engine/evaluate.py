@@ -16,8 +16,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batc
     losses, outs = [], []
     for s in range(0, x.shape[0], batch_size):
         xb = x[s : s + batch_size]
-        if xb.dtype == torch.uint8:
-            xb = xb.to(torch.float32)
+        if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
+            xb = xb.to(next(model.parameters()).dtype)
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         out = model(xb)

@@ -24,7 +24,7 @@ class FlatParams:
         self.n = n
 
     def flatten(self, model: nn.Module) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float32)
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views into `flat` of shape [n] or [k, n] as a {name: [(k,) *shape]} dict."""

@@ -109,6 +109,16 @@ class Simulation:
         self.model = build_model(cfg.model.name, seed=self.seeds.seed("model"), **cfg.model.options).to(self.device)
         env = self._scheme_env()
         self.scheme: Scheme = build_scheme(cfg.scheme.name, dict(cfg.scheme.options), env)
+        if cfg.scheme.aggregator:
+            from dpfl.schemes.aggregators import build_aggregator
+
+            self.scheme.aggregator = build_aggregator(cfg.scheme.aggregator, dict(cfg.scheme.aggregator_options), env)
+        self.attack = None
+        if cfg.attack is not None and cfg.attack.name != "none":
+            from dpfl.attacks.registry import build_attack
+
+            self.attack = build_attack(cfg.attack, env)
+            self.fed = self.attack.prepare(self.fed, self.seeds)
         tc = cfg.train.model_dump()
         tc.update(self.scheme.train_overrides)
         self.local = LocalTraining(**tc)
@@ -191,7 +201,10 @@ class Simulation:
         batches = self._batches(ctx.round, ctx.cohort)
         torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
         train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
-        return train(self.w, self.fed.x, self.fed.y, batches, mask)
+        u = train(self.w, self.fed.x, self.fed.y, batches, mask)
+        if self.attack is not None:
+            u = self.attack.tamper(self.attack.train(self, ctx, u), ctx)
+        return u
 
     def step_round(self) -> dict[str, Any]:
         self._setup()
@@ -200,6 +213,8 @@ class Simulation:
         cohort, dropped = self._cohort(r)
         n_selected = len(cohort) + len(dropped)
         ctx = self.context(r, cohort, n_selected)
+        if self.attack is not None:
+            ctx.malicious = self.attack.select(ctx)
         events = [e for s in self.scheme.steps for e in s.privacy_events(ctx)]
         if self.ledger is not None and events:
             for e in events:
@@ -214,6 +229,8 @@ class Simulation:
             d_full = u.shape[1]
             for s in self.scheme.steps:
                 u = s.client(u, ctx)
+            if self.attack is not None:
+                u = self.attack.after_chain(u, ctx)
             rec = self.scheme.transport.transmit(u, ctx)
             agg = self.scheme.aggregator(rec, ctx)
             for s in reversed(self.scheme.steps):
@@ -257,6 +274,8 @@ class Simulation:
             self.flat.load_into(self.model, self.w)
             rec_m.update(evaluate(self.model, self.fed.x_test, self.fed.y_test, self.fed.task,
                                   self.cfg.eval.batch_size))
+            if self.attack is not None:
+                rec_m.update(self.attack.evaluate(self))
             rec_m["eval_seconds"] = round(time.perf_counter() - t1, 4)
             self._update_best(rec_m)
         rec_m["round_seconds"] = round(time.perf_counter() - t0, 4)
@@ -314,6 +333,7 @@ class Simulation:
     # ---- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "w": self.w.cpu(), "scheme": self.scheme.state_dict(),
+                "attack": None if self.attack is None else self.attack.state_dict(),
                 "ledger": None if self.ledger is None else self.ledger.state_dict(),
                 "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason}
 
@@ -327,6 +347,8 @@ class Simulation:
         self.round = st["round"]
         self.w = st["w"].to(self.device)
         self.scheme.load_state_dict(st["scheme"])
+        if self.attack is not None and st.get("attack") is not None:
+            self.attack.load_state_dict(st["attack"])
         if st["ledger"] is not None:
             self.ledger.load_state_dict(st["ledger"])
         self.cum = dict(st["cum"])

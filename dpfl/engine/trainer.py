@@ -17,7 +17,7 @@ class LocalTraining:
     steps: int = 5  # T_gd
     batch_size: int = 10  # |B|
     lr: float = 0.215  # η
-    optimizer: str = "sgd"  # "sgd" | "adam"
+    optimizer: str = "sgd"  # "sgd" | "adam" (Keras 2.2 form: ε added before bias correction, as the thesis ran)
     momentum: float = 0.0
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -65,8 +65,8 @@ class Trainer:
         for t in range(batches.shape[1]):
             idx = batches[:, t]
             xb = x[idx]
-            if xb.dtype == torch.uint8 or (xb.is_floating_point() and xb.dtype != torch.float32):
-                xb = xb.to(torch.float32)  # compact storage (binary/half-precision features)
+            if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
+                xb = xb.to(p.dtype)  # compact storage (binary / half-precision features)
             grads = self.cohort.client_grad_parts(p, xb, y[idx], sign)
             for i, (q, g) in enumerate(zip(parts, grads)):
                 if cfg.weight_decay:

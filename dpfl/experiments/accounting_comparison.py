@@ -153,8 +153,9 @@ def make_model(kind: str, d: int, k: int, hidden: int) -> nn.Module:
 def train(kind: str, x: torch.Tensor, y: torch.Tensor, k: int, cfg: Config, sigma: float | None,
           sampling: str, seeds: Seeds) -> nn.Module:
     """sigma=None: non-private (no clipping). sampling: 'shuffle' (epoch passes) or 'poisson'."""
-    torch.manual_seed(seeds.seed("init"))
-    model = make_model(kind, x.shape[1], k, cfg.hidden)
+    with torch.random.fork_rng():  # reproducible initial weights without touching the global stream
+        torch.manual_seed(seeds.seed("init"))
+        model = make_model(kind, x.shape[1], k, cfg.hidden)
     params = dict(model.named_parameters())
     opt = torch.optim.Adam(params.values(), lr=cfg.lr)
     rng = seeds.crypto("dpsgd")

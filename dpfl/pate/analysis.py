@@ -30,7 +30,9 @@ class PateReport:
     eps_data_dependent: float  # depends on the raw votes: do not publish as is
     order_data_dependent: float
     smooth_sensitivity: float | None = None  # β-smooth bound on the sensitivity of eps_data_dependent
-    eps_data_dependent_released: float | None = None  # eps_data_dependent + Lap(ss_scale · smooth_sensitivity)
+    eps_data_dependent_released: float | None = (
+        None  # eps_data_dependent + Lap(ss_scale · smooth_sensitivity)
+    )
     release_epsilon: float | None = None  # the release itself is (release_epsilon, delta)-DP
     beta: float | None = None
     label_agreement: float | None = None  # released labels equal to the plurality vote
@@ -51,7 +53,9 @@ def _check_inputs(counts, indices, labels) -> tuple[np.ndarray, np.ndarray, np.n
         raise DataError(f"every example needs the same number of votes, got {totals.min()}..{totals.max()}")
     idx = np.arange(len(counts)) if indices is None else np.asarray(indices)
     if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
-        raise DataError(f"indices must be a 1-D array of integer row numbers, got {idx.dtype} shape {idx.shape}")
+        raise DataError(
+            f"indices must be a 1-D array of integer row numbers, got {idx.dtype} shape {idx.shape}"
+        )
     if len(idx) == 0:
         raise DataError("no queries: indices is empty")
     if idx.min() < 0 or idx.max() >= len(counts):
@@ -60,7 +64,9 @@ def _check_inputs(counts, indices, labels) -> tuple[np.ndarray, np.ndarray, np.n
     if labels is not None:
         lab = np.asarray(labels)
         if lab.shape != idx.shape:
-            raise DataError(f"labels must have one entry per queried index ({len(idx)}), got shape {lab.shape}")
+            raise DataError(
+                f"labels must have one entry per queried index ({len(idx)}), got shape {lab.shape}"
+            )
         if lab.min() < 0 or lab.max() >= counts.shape[1]:
             raise DataError(f"labels must be class ids in [0, {counts.shape[1] - 1}]")
     return counts.astype(np.float64), idx, lab
@@ -116,8 +122,21 @@ def analyze(
             released = eps_dd + float(laplace(rng, 1, 1.0)[0]) * scale * ss if ss > 0 else eps_dd
             released = min(released, eps_di)  # post-processing with a data-independent bound
         return PateReport(
-            mechanism, len(idx), teachers, c.shape[1], delta, eps_di, float(ls[i_di]), eps_dd, float(ls[i_dd]),
-            ss, released, release_eps, beta, agreement, warnings,
+            mechanism,
+            len(idx),
+            teachers,
+            c.shape[1],
+            delta,
+            eps_di,
+            float(ls[i_di]),
+            eps_dd,
+            float(ls[i_dd]),
+            ss,
+            released,
+            release_eps,
+            beta,
+            agreement,
+            warnings,
         )
 
     sigma = noise_per_query(noise, len(idx), "GNMax σ")
@@ -131,6 +150,15 @@ def analyze(
             warnings.append(f"{name} ε is minimised at the largest order {o}: extend the orders")
     warnings.append("GNMax data-dependent ε has no private release here (smooth sensitivity is LNMax only)")
     return PateReport(
-        mechanism, len(idx), teachers, c.shape[1], delta, eps_di, o_di, eps_dd, o_dd,
-        label_agreement=agreement, warnings=warnings,
+        mechanism,
+        len(idx),
+        teachers,
+        c.shape[1],
+        delta,
+        eps_di,
+        o_di,
+        eps_dd,
+        o_dd,
+        label_agreement=agreement,
+        warnings=warnings,
     )

@@ -42,7 +42,9 @@ def load_array(path: Path, key: str | None = None) -> np.ndarray:
     raise DataError(f"{path}: unsupported file type {suffix!r}; use .npy, .npz or .csv")
 
 
-def read_votes(path: Path, kind: str | None, num_classes: int | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def read_votes(
+    path: Path, kind: str | None, num_classes: int | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(counts, indices, labels) from a votes file.
 
     .npz: arrays `teacher_preds` [teachers, examples] or `counts` [examples, classes], and
@@ -52,24 +54,48 @@ def read_votes(path: Path, kind: str | None, num_classes: int | None) -> tuple[n
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)
             if ("teacher_preds" in files) == ("counts" in files):
-                raise DataError(f"{path} must hold exactly one of 'teacher_preds' or 'counts', has {sorted(files)}")
+                raise DataError(
+                    f"{path} must hold exactly one of 'teacher_preds' or 'counts', has {sorted(files)}"
+                )
             counts = vote_counts(z["teacher_preds"], num_classes) if "teacher_preds" in files else z["counts"]
-            return counts, z["indices"] if "indices" in files else None, z["labels"] if "labels" in files else None
+            return (
+                counts,
+                z["indices"] if "indices" in files else None,
+                z["labels"] if "labels" in files else None,
+            )
     if kind not in KINDS:
-        raise DataError(f"--kind must be one of {KINDS} for {path.suffix} input (a matrix is ambiguous otherwise)")
+        raise DataError(
+            f"--kind must be one of {KINDS} for {path.suffix} input (a matrix is ambiguous otherwise)"
+        )
     mat = load_array(path)
     if kind == "preds":
-        return vote_counts(np.rint(mat).astype(np.int64) if mat.dtype.kind == "f" else mat, num_classes), None, None
+        return vote_counts(mat, num_classes), None, None
     return mat, None, None
+
+
+def int_vector(a: np.ndarray, what: str) -> np.ndarray:
+    """A 1-D int64 array from integer-valued input; non-integers are an error, not rounded."""
+    a = np.asarray(a).ravel()
+    if a.dtype.kind == "f" and not np.all(np.equal(np.mod(a, 1), 0)):
+        raise DataError(f"{what} must be integers, got non-integer values")
+    return a.astype(np.int64)
 
 
 @app.command("analyze")
 def analyze_cmd(
-    votes: Annotated[Path, typer.Argument(help=".npz (teacher_preds or counts [+ indices, labels]), "
-                                               "or .npy/.csv with --kind")],
-    kind: str = typer.Option(None, help="for .npy/.csv: 'preds' = [teachers, examples] predictions, 'counts' = [examples, classes]"),
-    indices: Annotated[Path | None, typer.Option(help="queried example rows (.npy/.csv); default: every example")] = None,
-    labels: Annotated[Path | None, typer.Option(help="released labels, one per queried index (.npy/.csv)")] = None,
+    votes: Annotated[
+        Path,
+        typer.Argument(help=".npz (teacher_preds or counts [+ indices, labels]), or .npy/.csv with --kind"),
+    ],
+    kind: str = typer.Option(
+        None, help="for .npy/.csv: 'preds' = [teachers, examples] predictions, 'counts' = [examples, classes]"
+    ),
+    indices: Annotated[
+        Path | None, typer.Option(help="queried example rows (.npy/.csv); default: every example")
+    ] = None,
+    labels: Annotated[
+        Path | None, typer.Option(help="released labels, one per queried index (.npy/.csv)")
+    ] = None,
     mechanism: str = typer.Option("lnmax", help="lnmax (noise = γ, Laplace 1/γ) or gnmax (noise = σ)"),
     noise: float = typer.Option(0.05, help="γ for lnmax, σ for gnmax"),
     delta: float = typer.Option(1e-5, help="target δ"),
@@ -83,12 +109,21 @@ def analyze_cmd(
     try:
         counts, idx, lab = read_votes(votes, kind, num_classes)
         if indices is not None:
-            idx = np.rint(load_array(indices, "indices")).astype(np.int64).ravel()
+            idx = int_vector(load_array(indices, "indices"), "indices")
         if labels is not None:
-            lab = np.rint(load_array(labels, "labels")).astype(np.int64).ravel()
+            lab = int_vector(load_array(labels, "labels"), "labels")
         rng = CryptoRNG() if seed is None else Seeds(seed).crypto("pate", "release")
-        report = analyze(counts, indices=idx, labels=lab, mechanism=mechanism, noise=noise, delta=delta,
-                         moments=moments, beta=beta, rng=rng if mechanism == "lnmax" else None)
+        report = analyze(
+            counts,
+            indices=idx,
+            labels=lab,
+            mechanism=mechanism,
+            noise=noise,
+            delta=delta,
+            moments=moments,
+            beta=beta,
+            rng=rng if mechanism == "lnmax" else None,
+        )
     except DpflError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -98,11 +133,19 @@ def analyze_cmd(
     t = Table(title=f"PATE {mechanism}: {report.queries} queries, {report.teachers} teachers, δ = {delta:g}")
     t.add_column("quantity")
     t.add_column("value", justify="right")
-    t.add_row("ε data-independent", f"{report.eps_data_independent:.4f} (order {report.order_data_independent:g})")
-    t.add_row("ε data-dependent (raw, not private)", f"{report.eps_data_dependent:.4f} (order {report.order_data_dependent:g})")
+    t.add_row(
+        "ε data-independent", f"{report.eps_data_independent:.4f} (order {report.order_data_independent:g})"
+    )
+    t.add_row(
+        "ε data-dependent (raw, not private)",
+        f"{report.eps_data_dependent:.4f} (order {report.order_data_dependent:g})",
+    )
     if report.eps_data_dependent_released is not None:
         t.add_row("ε data-dependent, smooth-sensitivity release", f"{report.eps_data_dependent_released:.4f}")
-        t.add_row("  release cost", f"({report.release_epsilon:.4f}, {delta:g})-DP, β = {beta}, SS = {report.smooth_sensitivity:.4g}")
+        t.add_row(
+            "  release cost",
+            f"({report.release_epsilon:.4f}, {delta:g})-DP, β = {beta}, SS = {report.smooth_sensitivity:.4g}",
+        )
     if report.label_agreement is not None:
         t.add_row("released labels = plurality", f"{report.label_agreement:.2%}")
     Console().print(t)

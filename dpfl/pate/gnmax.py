@@ -53,7 +53,7 @@ def rdp_data_dependent(log_q: np.ndarray, sigma: float | np.ndarray, orders: np.
     log_q = np.atleast_1d(np.asarray(log_q, dtype=np.float64))
     sigma, orders = _check(np.broadcast_to(np.atleast_1d(sigma), log_q.shape), orders)
     out = rdp_data_independent(sigma, orders)
-    for i, (lq, s) in enumerate(zip(log_q, sigma)):
+    for i, (lq, s) in enumerate(zip(log_q, sigma, strict=True)):
         if lq > 0:
             raise PrivacyError(f"ln q must be <= 0, got {lq}")
         if np.isneginf(lq):

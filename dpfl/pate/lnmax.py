@@ -125,7 +125,9 @@ def _gap_sum(gaps: np.ndarray, winner: np.ndarray, m: int) -> np.ndarray:
     return np.minimum(terms.sum(axis=-1), 1.0 - 1.0 / m)
 
 
-def smooth_sensitivity(counts: np.ndarray, gamma: float | np.ndarray, orders: np.ndarray, beta: float) -> np.ndarray:
+def smooth_sensitivity(
+    counts: np.ndarray, gamma: float | np.ndarray, orders: np.ndarray, beta: float
+) -> np.ndarray:
     """β-smooth upper bound on the local sensitivity of each query's log moment, [Q, L]."""
     counts = _check_counts(counts)
     gamma = np.broadcast_to(_check_gamma(gamma), (counts.shape[0],)).astype(np.float64)
@@ -135,8 +137,12 @@ def smooth_sensitivity(counts: np.ndarray, gamma: float | np.ndarray, orders: np
     teachers = int(counts.sum(axis=1).max())
     per = max(1, 2_000_000 // ((teachers + 1) * m))  # queries per chunk: bounded memory
     if n_q > per:
-        return np.concatenate([smooth_sensitivity(counts[i : i + per], gamma[i : i + per], orders, beta)
-                               for i in range(0, n_q, per)])
+        return np.concatenate(
+            [
+                smooth_sensitivity(counts[i : i + per], gamma[i : i + per], orders, beta)
+                for i in range(0, n_q, per)
+            ]
+        )
     winner = counts.argmax(axis=1)
     gaps = counts[np.arange(n_q), winner][:, None] - counts  # [Q, m], >= 0
     r = np.arange(1, teachers + 2, dtype=np.float64)[:, None, None]  # r + 1 for r = 0..T
@@ -151,7 +157,9 @@ def smooth_sensitivity(counts: np.ndarray, gamma: float | np.ndarray, orders: np
     return (discount * (a_hi - a_lo)).max(axis=0)
 
 
-def smooth_release_parameters(beta: float, delta: float, *, reference_code: bool = False) -> tuple[float, float]:
+def smooth_release_parameters(
+    beta: float, delta: float, *, reference_code: bool = False
+) -> tuple[float, float]:
     """(ss_eps, ss_scale): releasing f + Lap(1)·ss_scale·SS, SS a β-smooth bound, is (ss_eps, δ)-DP.
 
     Corollary 2.4 (Nissim et al. 2007) needs β ≤ ε / (2 ln(2/δ)), so ss_eps = 2β ln(2/δ).

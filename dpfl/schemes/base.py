@@ -65,6 +65,7 @@ class RoundContext:
     cohort_size: int = 0  # expected |K| (C·N)
     ledger: Any = None
     metrics: dict[str, float] = field(default_factory=dict)  # steps add scalars here
+    malicious: np.ndarray | None = None  # bool [k] set by an attack; honest steps may ignore it
 
     def numpy_rng(self, *purpose: object) -> np.random.Generator:
         return self.seeds.numpy("round", self.round, *purpose)

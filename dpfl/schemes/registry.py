@@ -102,8 +102,12 @@ def _load_all() -> None:
     _LOADED = True
     import importlib
 
-    for mod in ("dpfl.schemes.catalog",):
-        importlib.import_module(mod)
+    for mod in ("dpfl.schemes.catalog", "dpfl.schemes.catalog_dp"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
 
 
 @register("fl-std", "FL-STD (thesis §2.1): local SGD, data-size-weighted mean of updates (FedAvg)")

@@ -61,7 +61,12 @@ def test_any_k_minus_1_shares_look_uniform(secret):
         assert stats.chisquare(np.bincount(low, minlength=256)).pvalue > 1e-4
     # the derived share's distribution does not depend on the secret
     other = share(np.full(n, 7, dtype=np.uint64), k, Seeds(3).crypto("uniform"))
-    assert stats.ks_2samp((s[-1] >> np.uint64(11)).astype(float), (other[-1] >> np.uint64(11)).astype(float)).pvalue > 1e-4
+    assert (
+        stats.ks_2samp(
+            (s[-1] >> np.uint64(11)).astype(float), (other[-1] >> np.uint64(11)).astype(float)
+        ).pvalue
+        > 1e-4
+    )
 
 
 def test_secure_sum_equals_the_plain_sum_and_counts_traffic():

@@ -21,8 +21,11 @@ def make(k=3, hetero=False, n=24, seed=0):
     out = []
     for i in range(k):
         torch.manual_seed(100 + i)
-        m = nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)) if hetero and i % 2 else \
-            nn.Sequential(nn.Flatten(), nn.Linear(6, 3))
+        m = (
+            nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+            if hetero and i % 2
+            else nn.Sequential(nn.Flatten(), nn.Linear(6, 3))
+        )
         x = torch.randn(n, 6, generator=g)
         out.append(Worker(m, x, (x[:, 0] > 0).long() + (x[:, 1] > 1).long()))
     return out
@@ -41,7 +44,9 @@ def test_loss_aggregation_is_the_plain_sum_and_gives_local_gradients(mode):
     ws = make(3, hetero=True)
     ref = clone(ws)
     lr, k = 0.3, 3
-    log = train_losses(ws, combine=mode, epochs=1, batch_size=24, lr=lr, seeds=Seeds(0))  # one full-batch step
+    log = train_losses(
+        ws, combine=mode, epochs=1, batch_size=24, lr=lr, seeds=Seeds(0)
+    )  # one full-batch step
     assert log.opened_values == 1 and log.max_open_error <= 3 * 2.0**-25
     assert (log.traffic.peer_messages, log.broadcast_bytes) == (6, 24)
     w = 1.0 if mode == "sum" else 1.0 / k
@@ -58,8 +63,14 @@ def test_alg2_equals_independent_training_at_lr_times_weight(mode):
     """Reference note B1.5, checked on the implementation (K = 3: 1/K is not a power of two)."""
     ws = make(3, hetero=True, n=40)
     a = train_losses(clone(ws), combine=mode, epochs=3, batch_size=8, lr=0.2, seeds=Seeds(5))
-    b = train_losses(clone(ws), combine="independent", epochs=3, batch_size=8,
-                     lr=0.2 * (1.0 if mode == "sum" else 1 / 3), seeds=Seeds(5))
+    b = train_losses(
+        clone(ws),
+        combine="independent",
+        epochs=3,
+        batch_size=8,
+        lr=0.2 * (1.0 if mode == "sum" else 1 / 3),
+        seeds=Seeds(5),
+    )
     for pa, pb, w0 in zip(a.final_params, b.final_params, ws):
         assert torch.allclose(pa, pb, atol=1e-6)
         assert not torch.allclose(pa, vec(w0.model), atol=1e-3)  # training moved the model
@@ -132,7 +143,10 @@ def test_tiny_end_to_end_run_and_generate(tmp_path):
     res = json.loads((tmp_path / "res.json").read_text())
     assert [run["workers"] for run in res["runs"]] == [3, 4]
     for run in res["runs"]:
-        assert len(run["fedcollab"]["history"]) == 1 and len(run["fedcollab"]["history"][-1]["worker_accuracy"]) == run["workers"]
+        assert (
+            len(run["fedcollab"]["history"]) == 1
+            and len(run["fedcollab"]["history"][-1]["worker_accuracy"]) == run["workers"]
+        )
         assert run["max_param_diff_fedcollab_vs_independent"] < 1e-5 * max(1.0, run["param_scale"])
         assert run["independent"]["lr"] == pytest.approx(0.5 / run["workers"])
     g = CliRunner().invoke(app, ["generate", str(cfg)])

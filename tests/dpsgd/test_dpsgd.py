@@ -31,8 +31,14 @@ from dpfl.rng import Seeds
 
 def tiny_cnn(binary=False):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(3 * 4 * 4, 1 if binary else 4), *( [nn.Flatten(0)] if binary else []))
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(3 * 4 * 4, 1 if binary else 4),
+        *([nn.Flatten(0)] if binary else []),
+    )
 
 
 def params_of(m):
@@ -54,8 +60,11 @@ def test_per_example_grads_equal_a_loop_of_single_example_grads(binary):
     for i in range(len(x)):
         m.zero_grad()
         out = m(x[i : i + 1])
-        loss = (nn.functional.binary_cross_entropy_with_logits(out, y[i : i + 1].float()) if binary
-                else nn.functional.cross_entropy(out, y[i : i + 1]))
+        loss = (
+            nn.functional.binary_cross_entropy_with_logits(out, y[i : i + 1].float())
+            if binary
+            else nn.functional.cross_entropy(out, y[i : i + 1])
+        )
         loss.backward()
         for k, p in m.named_parameters():
             assert torch.allclose(g[k][i], p.grad, atol=1e-6, rtol=1e-5), k
@@ -69,7 +78,9 @@ def test_clipping_bounds_every_norm_and_keeps_small_gradients():
     norms = torch.sqrt(sum(v.reshape(30, -1).double().pow(2).sum(1) for v in g.values()))
     clip = float(norms.median())
     w = clip_factors(g, clip)
-    clipped = torch.sqrt(sum((w[:, None].float() * v.reshape(30, -1)).double().pow(2).sum(1) for v in g.values()))
+    clipped = torch.sqrt(
+        sum((w[:, None].float() * v.reshape(30, -1)).double().pow(2).sum(1) for v in g.values())
+    )
     assert torch.all(clipped <= clip)
     small = norms < clip * (1 - 2**-12)
     assert small.any() and (~small).any()
@@ -98,8 +109,18 @@ def test_mask_drops_padding_rows():
 def test_noise_std_is_sigma_times_clip():
     sigma, clip, lot = 1.3, 0.7, 5.0
     zero = {"w": torch.zeros(400, 500)}
-    g = noisy_gradient(zero, clip=clip, noise_multiplier=sigma, expected_batch_size=lot,
-                       generator=Seeds(0).crypto("noise"))["w"].double().ravel() * lot
+    g = (
+        noisy_gradient(
+            zero,
+            clip=clip,
+            noise_multiplier=sigma,
+            expected_batch_size=lot,
+            generator=Seeds(0).crypto("noise"),
+        )["w"]
+        .double()
+        .ravel()
+        * lot
+    )
     n = g.numel()
     s2 = float(g.var())
     # chi-square 99.99% interval for the sample variance
@@ -134,7 +155,9 @@ def test_vmap_over_clients_matches_a_loop():
     xs = torch.stack([data(5, seed=i)[0] for i in range(3)])
     ys = torch.stack([data(5, seed=i)[1] for i in range(3)])
     masks = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 1, 0, 1.0]])
-    batched = vmap(lambda p, x, y, mk: clipped_grad_sum(p, {}, m, x, y, clip=0.5, mask=mk))(stacked, xs, ys, masks)
+    batched = vmap(lambda p, x, y, mk: clipped_grad_sum(p, {}, m, x, y, clip=0.5, mask=mk))(
+        stacked, xs, ys, masks
+    )
     for i in range(3):
         ref = clipped_grad_sum(cohort[i], {}, m, xs[i], ys[i], clip=0.5, mask=masks[i])
         assert all(torch.allclose(batched[k][i], ref[k], atol=1e-6) for k in ref)
@@ -198,15 +221,49 @@ def test_dpsgd_learns_a_separable_problem():
 
 
 def test_cli_train_digits():
-    res = CliRunner().invoke(app, ["train", "--dataset", "digits", "--model", "logreg", "--model-options",
-                                   '{"in_features": 64}', "--n-train", "300", "--n-test", "100", "--epochs", "1",
-                                   "--lot-size", "60", "--noise-multiplier", "1.0", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--dataset",
+            "digits",
+            "--model",
+            "logreg",
+            "--model-options",
+            '{"in_features": 64}',
+            "--n-train",
+            "300",
+            "--n-test",
+            "100",
+            "--epochs",
+            "1",
+            "--lot-size",
+            "60",
+            "--noise-multiplier",
+            "1.0",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["steps"] == 5 and out["n_train"] == 300 and 0 <= out["test_accuracy"] <= 1
     led = Ledger("rdp")
     led.add(SampledGaussianEvent(1.0, 60 / 300), count=5)
     assert out["epsilon"] == pytest.approx(led.epsilon(1e-5), rel=1e-12)
-    bad = CliRunner().invoke(app, ["train", "--dataset", "digits", "--model", "logreg", "--model-options",
-                                   '{"in_features": 64}', "--noise-multiplier", "1", "--target-epsilon", "1"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--dataset",
+            "digits",
+            "--model",
+            "logreg",
+            "--model-options",
+            '{"in_features": 64}',
+            "--noise-multiplier",
+            "1",
+            "--target-epsilon",
+            "1",
+        ],
+    )
     assert bad.exit_code == 2 and "exactly one" in bad.output

@@ -20,7 +20,9 @@ def noisy_max_probs(counts, dist) -> np.ndarray:
         def h(x, j=j, others=others):
             return pdf(x - n[j]) * math.prod(cdf(x - o) for o in others)
 
-        out.append(sum(integrate.quad(h, a, b, limit=200, epsabs=1e-13)[0] for a, b in itertools.pairwise(edges)))
+        out.append(
+            sum(integrate.quad(h, a, b, limit=200, epsabs=1e-13)[0] for a, b in itertools.pairwise(edges))
+        )
     return np.array(out)
 
 
@@ -38,11 +40,15 @@ def neighbours(counts):
 
 def laplace(gamma):
     """Lap(1/γ) pdf and cdf."""
-    return (lambda x: 0.5 * gamma * math.exp(-gamma * abs(x)),
-            lambda x: 0.5 * math.exp(gamma * x) if x < 0 else 1 - 0.5 * math.exp(-gamma * x))
+    return (
+        lambda x: 0.5 * gamma * math.exp(-gamma * abs(x)),
+        lambda x: 0.5 * math.exp(gamma * x) if x < 0 else 1 - 0.5 * math.exp(-gamma * x),
+    )
 
 
 def gauss(sigma):
     """N(0, σ²) pdf and cdf."""
-    return (lambda x: math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)),
-            lambda x: 0.5 * math.erfc(-x / (sigma * math.sqrt(2))))
+    return (
+        lambda x: math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)),
+        lambda x: 0.5 * math.erfc(-x / (sigma * math.sqrt(2))),
+    )

@@ -27,12 +27,17 @@ def test_data_independent_anchors(queries, gamma, delta, eps, order):
     assert r.eps_data_independent == pytest.approx(eps, abs=1e-3)
     assert r.order_data_independent == order
     # closed form min_l [Q·min(2γ²l(l+1), 2γl) + ln(1/δ)] / l
-    closed = min((queries * min(2 * gamma**2 * l * (l + 1), 2 * gamma * l) + math.log(1 / delta)) / l for l in range(1, 9))
+    closed = min(
+        (queries * min(2 * gamma**2 * l * (l + 1), 2 * gamma * l) + math.log(1 / delta)) / l
+        for l in range(1, 9)
+    )
     assert r.eps_data_independent == pytest.approx(closed, abs=1e-12)
 
 
 def test_anchor_moments_beats_advanced_composition():
-    """Note A3.5: 100 × (0.1, 0)-DP, δ' = 1e-5: basic 10 > advanced 5.850 > improved 5.324 > moments 5.3026."""
+    """Note A3.5: 100 × (0.1, 0)-DP, δ' = 1e-5.
+
+    basic 10 > advanced 5.850 > improved 5.324 > moments 5.3026."""
     k, e, d = 100, 0.1, 1e-5
     adv = math.sqrt(2 * k * math.log(1 / d)) * e + k * e * (math.exp(e) - 1)
     imp = math.sqrt(2 * k * math.log(1 / d)) * e + k * e * (math.exp(e) - 1) / 2

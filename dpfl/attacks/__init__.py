@@ -1,0 +1,1 @@
+"""Malicious clients, robust aggregation and membership inference."""

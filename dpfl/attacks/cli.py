@@ -1,0 +1,53 @@
+"""`dpfl attacks ...`: membership inference on a finished run, and the lists of attacks and defences."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dpfl.errors import DpflError
+
+app = typer.Typer(help="Membership inference and attack tools.", no_args_is_help=True)
+console = Console()
+
+
+@app.command()
+def membership(
+    run_dir: Path = typer.Argument(..., help="A finished run directory (config.toml + checkpoint.pt)."),
+    samples: int = typer.Option(5000, help="Members and non-members drawn (each)."),
+    seed: int = typer.Option(0, help="Seed of the member / non-member draw."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Loss-threshold membership inference (Yeom et al.) on the run's final global model."""
+    from dpfl.attacks.membership import membership_from_run
+
+    try:
+        res = membership_from_run(run_dir, samples=samples, seed=seed)
+    except DpflError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    if json_out:
+        console.print_json(json.dumps(res.as_dict()))
+        return
+    t = Table(title=f"membership inference: {run_dir}")
+    for col in ("members", "non-members", "τ (mean member loss)", "TPR", "FPR", "advantage", "best advantage",
+                "AUC"):
+        t.add_column(col, justify="right")
+    t.add_row(str(res.members), str(res.non_members), f"{res.threshold:.4f}", f"{res.tpr:.4f}", f"{res.fpr:.4f}",
+              f"{res.advantage:.4f}", f"{res.best_advantage:.4f}", f"{res.auc:.4f}")
+    console.print(t)
+
+
+@app.command("list")
+def list_() -> None:
+    """Malicious behaviours and robust aggregators."""
+    from dpfl.attacks.registry import attack_options, list_attacks
+    from dpfl.attacks.robust import RULES
+
+    for name, desc in list_attacks().items():
+        console.print(f"[bold]{name:16s}[/bold] {desc}  [dim]options: {', '.join(attack_options(name))}[/dim]")
+    console.print("aggregators (scheme.aggregator): " + ", ".join(RULES))

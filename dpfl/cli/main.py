@@ -1,0 +1,216 @@
+"""The `dpfl` command."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from dpfl.errors import DpflError
+
+app = typer.Typer(help="Differentially private, bandwidth-efficient federated learning.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+console = Console()
+
+# sub-apps living beside their packages: (module, attribute, command name, help)
+_SUBAPPS = [
+    ("dpfl.privacy.cli", "app", "privacy", "Privacy accounting: ε for σ, σ for ε."),
+    ("dpfl.data.cli", "app", "data", "Datasets and partitions."),
+    ("dpfl.models.cli", "app", "models", "Models."),
+    ("dpfl.pate.cli", "app", "pate", "PATE analysis."),
+    ("dpfl.dpsgd.cli", "app", "dpsgd", "Record-level DP-SGD."),
+    ("dpfl.collab.cli", "app", "collab", "FedCollabNN and private dataset generation."),
+    ("dpfl.attacks.cli", "app", "attacks", "Membership inference and attack tools."),
+    ("dpfl.flower.cli", "app", "flower", "Deployment over Flower."),
+    ("dpfl.experiments.accounting_cli", "app", "accounting", "Accounting comparison (Jayaraman & Evans)."),
+]
+for _mod, _attr, _name, _help in _SUBAPPS:
+    try:
+        _m = importlib.import_module(_mod)
+    except ModuleNotFoundError as _e:
+        if _e.name != _mod:
+            raise
+        continue
+    app.add_typer(getattr(_m, _attr), name=_name, help=_help)
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[red]error:[/red] {e}")
+    raise typer.Exit(2)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    console=console, transient=False)
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(b) < 1000:
+            return f"{b:.1f} {unit}"
+        b /= 1000
+    return f"{b:.1f} PB"
+
+
+def execute(sim, label: str) -> dict:
+    """Run a Simulation with a progress bar; returns its summary."""
+    total = sim.cfg.federation.rounds
+    with _progress() as prog:
+        task = prog.add_task(label, total=total, completed=sim.round, info="")
+
+        def on_round(m: dict) -> None:
+            acc = m.get("accuracy")
+            info = f"acc {acc:.4f}" if acc is not None else ""
+            if m.get("epsilon") is not None:
+                info += f"  ε {m['epsilon']:.3f}"
+            info += f"  up/client {_fmt_bytes(m['cum_up_bytes_per_client'])}"
+            prog.update(task, completed=m["round"], info=info)
+
+        return sim.run(on_round)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(None, help="Run config (TOML). Omit with --resume."),
+    out: Path = typer.Option(None, "--out", "-o", help="Run directory (default runs/<name>-<time>)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set federation.rounds=20"),
+    resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its checkpoint."),
+    rounds: int = typer.Option(None, "--rounds", help="With --resume: extend/limit the total number of rounds."),
+) -> None:
+    """Run a federated experiment (or resume one)."""
+    from dpfl.config import load_config
+    from dpfl.engine.simulator import Simulation
+
+    try:
+        if resume is not None:
+            sim = Simulation.resume(resume, log=console.print, rounds=rounds)
+            console.print(f"resuming {resume} at round {sim.round}")
+        else:
+            if config is None:
+                _fail(ValueError("give a CONFIG file or --resume DIR"))
+            cfg = load_config(_resolve_config(config), set_)
+            if out is None:
+                out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            sim = Simulation(cfg, out, log=console.print)
+        console.print(f"dataset: {sim.fed.source}")
+        console.print(f"scheme:  {sim.scheme.describe()}  (n = {sim.flat.n:,} parameters, "
+                      f"{sim.cfg.data.n_clients} clients, {sim.cfg.cohort_size()} per round, engine "
+                      f"{sim.cfg.run.engine}/{sim.trainer.cohort.mode})")
+        summary = execute(sim, sim.cfg.name)
+    except DpflError as e:
+        _fail(e)
+    _print_summary(summary, sim.out)
+
+
+def _resolve_config(config: Path) -> Path:
+    """A path, or the name of a built-in config (`quickstart`, `settings/setting-d-fl-std`, `table-4.4/fl-std`)."""
+    if config.is_file():
+        return config
+    from dpfl.experiments.reproduce import configs_root
+
+    cand = configs_root() / (str(config) if str(config).endswith(".toml") else f"{config}.toml")
+    return cand if cand.is_file() else config
+
+
+def _print_summary(summary: dict, out: Path | None) -> None:
+    b = summary.get("best") or {}
+    key = b.get("metric", "accuracy")
+    if b:
+        line = (f"best {key} {b.get(key, float('nan')):.4f} at round {b['round']}; "
+                f"upstream/client {_fmt_bytes(b['cum_up_bytes_per_client'])} "
+                f"(thesis formula {_fmt_bytes(b['formula_up_bytes_per_client'])}), "
+                f"downstream/client {_fmt_bytes(b['cum_down_bytes_per_client'])}")
+        if b.get("epsilon") is not None:
+            line += f", ε {b['epsilon']:.3f}"
+        console.print(line)
+    if summary.get("stopped"):
+        console.print(f"stopped early: {summary['stopped']}")
+    if out:
+        console.print(f"run directory: {out}")
+
+
+@app.command()
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
+    out: Path = typer.Option(None, "--out", "-o", help="Where to write the PNG plots (default: first run dir)."),
+) -> None:
+    """Best-round table of runs, and plots (accuracy vs round, vs cumulative upstream bytes)."""
+    from dpfl.experiments.report import report_runs
+
+    try:
+        report_runs(run_dirs, out or run_dirs[0], console)
+    except DpflError as e:
+        _fail(e)
+
+
+@app.command()
+def reproduce(
+    table: str = typer.Argument(..., help="Table id (e.g. table-4.4); `dpfl reproduce list` lists them."),
+    rows: list[str] = typer.Option([], "--row", help="Run only these rows (repeatable)."),
+    rounds: int = typer.Option(None, "--rounds", help="Override the number of rounds (shorter smoke runs)."),
+    out: Path = typer.Option(Path("runs/reproduce"), "--out", "-o", help="Parent directory of the row runs."),
+    set_: list[str] = typer.Option([], "--set", help="Config override applied to every row."),
+    accountant: str = typer.Option(None, "--accountant", help="Re-calibrate DP rows' σ under this accountant."),
+) -> None:
+    """Run a thesis table's rows (resuming finished/partial rows) and print measured vs thesis."""
+    from dpfl.experiments.reproduce import list_tables, reproduce_table
+
+    try:
+        if table == "list":
+            for name, desc in list_tables().items():
+                console.print(f"{name:14s} {desc}")
+            return
+        reproduce_table(table, rows=rows, rounds=rounds, out=out, overrides=set_, accountant=accountant,
+                        console=console, execute=execute)
+    except DpflError as e:
+        _fail(e)
+
+
+@app.command()
+def schemes() -> None:
+    """List the schemes."""
+    from dpfl.schemes.registry import list_schemes
+
+    for name, desc in list_schemes().items():
+        console.print(f"[bold]{name:14s}[/bold] {desc}")
+
+
+@bench_app.command("engine")
+def bench_engine(
+    rounds: int = typer.Option(2, help="Timed rounds per path."),
+    clients: int = typer.Option(100, help="Clients per round."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
+) -> None:
+    """Setting D round: vectorized engine vs a plain per-client PyTorch loop vs the FLOP bound."""
+    from dpfl.engine.bench import run_bench
+
+    res = run_bench(rounds=rounds, clients=clients, device=device, console=console)
+    if json_out:
+        console.print_json(json.dumps(res))
+
+
+def _mount_bench(name: str, module: str, help: str) -> None:
+    @bench_app.command(name, help=help)
+    def _cmd() -> None:
+        mod = importlib.import_module(module)
+        mod.run_bench()
+
+
+for _n, _m, _h in [("privacy", "dpfl.privacy.bench", "Time to account 10,000 rounds under each backend."),
+                   ("secagg", "dpfl.secagg.bench", "Secure aggregation vs plain summation, 100 × 1.66 M."),
+                   ("cs", "dpfl.compression.bench", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
+                   ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus.")]:
+    _mount_bench(_n, _m, _h)
+
+
+if __name__ == "__main__":
+    app()

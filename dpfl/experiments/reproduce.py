@@ -1,0 +1,121 @@
+"""`dpfl reproduce TABLE`: run a thesis table's row configs and print measured vs thesis.
+
+A table is a folder `dpfl/experiments/configs/<table>/` of row configs (`<row>.toml`, full
+run configs) and `thesis.json`: `{"_table": {"description": ..., "unit": "KB"|"Mbit"|"MB"},
+"<row>": {"accuracy": .., "round": .., "up": .., "down": .., "epsilon": .., "bits": ..}}`.
+Rows run one at a time into `<out>/<table>/<row>/`; a finished row is not run again and an
+interrupted one resumes from its checkpoint, because a full table takes hours on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from dpfl.errors import ConfigError
+
+UNITS = {"KB": 1e3, "MB": 1e6, "Mbit": 1e6 / 8, "B": 1.0}
+
+
+def configs_root() -> Path:
+    return Path(str(resources.files("dpfl.experiments") / "configs"))
+
+
+def list_tables() -> dict[str, str]:
+    out = {}
+    for d in sorted(configs_root().iterdir()):
+        if d.is_dir() and (d / "thesis.json").is_file():
+            meta = json.loads((d / "thesis.json").read_text()).get("_table", {})
+            out[d.name] = meta.get("description", "")
+    return out
+
+
+def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
+    d = configs_root() / table
+    if not (d / "thesis.json").is_file():
+        raise ConfigError(f"unknown table {table!r}; available: {', '.join(list_tables())}")
+    thesis = json.loads((d / "thesis.json").read_text())
+    rows = {p.stem: p for p in sorted(d.glob("*.toml"))}
+    return thesis, rows
+
+
+def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, overrides: list[str],
+                    accountant: str | None, console: Console, execute: Callable) -> list[dict]:
+    from dpfl.config import load_config
+    from dpfl.engine.simulator import Simulation
+
+    thesis, all_rows = table_rows(table)
+    chosen = rows or list(all_rows)
+    unknown = [r for r in chosen if r not in all_rows]
+    if unknown:
+        raise ConfigError(f"table {table}: unknown row(s) {unknown}; rows: {', '.join(all_rows)}")
+    sets = list(overrides)
+    if rounds is not None:
+        sets.append(f"federation.rounds={rounds}")
+    if accountant is not None:
+        sets.append(f'privacy.accountant="{accountant}"')
+    base = out / (table + (f"-{accountant}" if accountant else ""))
+    results = []
+    for row in chosen:
+        cfg = load_config(all_rows[row], sets)
+        run_dir = base / row
+        summary_file = run_dir / "summary.json"
+        if summary_file.is_file():
+            s = json.loads(summary_file.read_text())
+            if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
+                console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
+                results.append({"row": row, "summary": s, "dir": str(run_dir)})
+                continue
+        if (run_dir / "checkpoint.pt").is_file():
+            sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds)
+            console.print(f"{row}: resuming at round {sim.round}")
+        else:
+            sim = Simulation(cfg, run_dir, log=console.print)
+        console.print(f"{row}: {sim.scheme.describe()}")
+        s = execute(sim, row)
+        results.append({"row": row, "summary": s, "dir": str(run_dir)})
+    compare = print_comparison(table, thesis, results, console)
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "results.json").write_text(json.dumps(compare, indent=2))
+    from dpfl.experiments.report import load_run, write_plots
+
+    write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in results], base, console)
+    return compare
+
+
+def print_comparison(table: str, thesis: dict, results: list[dict], console: Console) -> list[dict]:
+    unit = thesis.get("_table", {}).get("unit", "KB")
+    scale = UNITS[unit]
+    t = Table(title=f"{table}: measured vs thesis (costs in {unit} per client, at the best round)")
+    for c in ("row", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
+              f"formula up {unit}", f"thesis up {unit}", "ε", "thesis ε"):
+        t.add_column(c, justify="left" if c in ("row", "metric") else "right")
+    out = []
+    for r in results:
+        th = thesis.get(r["row"], {})
+        b = r["summary"].get("best") or {}
+        key = b.get("metric", "accuracy")
+        meas = b.get(key)
+        ref = th.get(key, th.get("accuracy"))
+        up = b.get("cum_up_bytes_per_client")
+        fup = b.get("formula_up_bytes_per_client")
+        row = {"row": r["row"], "metric": key, "measured": meas, "thesis": ref, "round": b.get("round"),
+               "thesis_round": th.get("round"), "up": None if up is None else up / scale,
+               "formula_up": None if fup is None else fup / scale, "thesis_up": th.get("up"),
+               "epsilon": b.get("epsilon"), "thesis_epsilon": th.get("epsilon"), "dir": r["dir"],
+               "rounds_run": r["summary"].get("rounds_run")}
+        out.append(row)
+
+        def f(v, p=4):
+            return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+
+        t.add_row(r["row"], key, f(meas), f(ref), "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
+                  f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
+                  f(row["thesis_up"], 2), f(row["epsilon"], 3), f(row["thesis_epsilon"], 2))
+    console.print(t)
+    return out

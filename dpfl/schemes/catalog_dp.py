@@ -1,0 +1,284 @@
+"""The client-level DP schemes of thesis ch. 5 (Algorithms 9–14), registered by name.
+
+    fl-std-dp    clip → noise                       | mean
+    fl-sign-dp   sign → discrete Gaussian share     | γ·sign of the sum   (S = √n)
+    fl-cs-dp     DCT compress → clip → noise        | mean → momentum, error feedback, BPDN
+    fl-rnd-dp    random subset → clip → noise       | mean → scatter
+    fl-freq-dp   low-pass DCT → clip → noise        | mean → inverse DCT
+    fl-top-dp    Top-K (public data) → clip → noise | mean → scatter
+    fl-basic-dp  random trainable subset → clip → noise | mean → scatter
+
+Options shared by all (see docs/dp-schemes.md):
+  sigma | epsilon   noise multiplier σ, or a target ε: σ calibrated with privacy.accountant
+                    for q = sampling rate, T = federation.rounds, privacy.delta (and the clip
+                    selection's cost when clip = "private"); `--set privacy.accountant=pld`
+                    therefore re-calibrates σ to the same ε with the tight accountant.
+  clip              S, or "auto" (the thesis heuristic, not charged), or "private" (DP median,
+                    charged); clip_clients: initialisation-round clients (default all N);
+                    clip_epsilon: ε₀ of the private median.
+  tolerate          l, client failures after masking the noise still covers.
+  noise             "distributed" (secure aggregation) | "central" | "local".
+  secure_aggregation, neighbours, threshold, drop_after_masking, frac_bits: secure sum options
+                    (secure_aggregation = false simulates distributed noise without masking:
+                    the server then sees weakly-noised rows; the stated ε assumes masking).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from dpfl.compression.base import Float32Codec
+from dpfl.compression.bits import SignCodec
+from dpfl.errors import ConfigError
+from dpfl.privacy import (
+    DiscreteGaussianEvent,
+    Event,
+    GaussianEvent,
+    Ledger,
+    PureDPEvent,
+    SampledGaussianEvent,
+    calibrate_sigma,
+    sampler_tv_bound,
+)
+from dpfl.schemes import sensitivity
+from dpfl.schemes.base import SetupContext, Step, Transport
+from dpfl.schemes.cs import CompressiveSensingStep, LowPassDCTStep
+from dpfl.schemes.dp import (
+    Clip,
+    DiscreteGaussianShare,
+    DPMeanAggregator,
+    GaussianNoise,
+    PlainDP,
+    SecureSum,
+    check_placement,
+    check_tolerate,
+)
+from dpfl.schemes.registry import Scheme, register
+from dpfl.schemes.sign import SignStep
+from dpfl.schemes.subset import RandomSubsetStep
+from dpfl.schemes.topk import TopKStep
+from dpfl.schemes.transport import SumAggregator
+
+# ---- σ ------------------------------------------------------------------------------------
+
+
+def calibrated_sigma(epsilon: float, privacy: Any, q: float, rounds: int,
+                     event: Callable[[float], Event] | None = None, prefix: tuple[Event, ...] = ()) -> float:
+    """Smallest σ (to 1e-5 relative, rounded up) with ε(prefix + rounds × event(σ)) ≤ epsilon at
+    privacy.delta under privacy.accountant. Starts from `calibrate_sigma` (sampled Gaussian) and
+    checks, on a ledger, the events the run will actually record."""
+    acc, delta = privacy.accountant, privacy.delta
+    s = calibrate_sigma(epsilon, delta, q, rounds, acc)
+    if event is None and not prefix:
+        return s
+    event = event or (lambda x: SampledGaussianEvent(x, q))
+
+    def eps(x: float) -> float:
+        led = Ledger(acc)
+        for e in prefix:
+            led.add(e)
+        led.add(event(x), count=rounds)
+        return led.epsilon(delta)
+
+    if eps(s) <= epsilon:
+        return s
+    lo, hi = s, s * 1.05
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e7:
+            raise ConfigError(f"no σ ≤ 1e7 reaches ε = {epsilon} with these events")
+    while hi / lo > 1 + 1e-5:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if eps(mid) <= epsilon else (mid, hi)
+    return hi
+
+
+def _sigma_or_epsilon(name: str, sigma: float | None, epsilon: float | None) -> None:
+    if (sigma is None) == (epsilon is None):
+        raise ConfigError(f"scheme {name!r}: give exactly one of sigma (noise multiplier) or epsilon (target ε)")
+    for key, v in (("sigma", sigma), ("epsilon", epsilon)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise ConfigError(f"scheme {name!r}: {key} must be a finite number > 0, got {v!r}")
+
+
+# ---- pieces shared by the Gaussian schemes ------------------------------------------------------
+
+
+def _clip_step(name: str, clip: float | str, compress: list[Step], auto: Callable[[SetupContext], tuple[float, str]],
+               clip_clients: int | None, clip_epsilon: float) -> tuple[Clip, tuple[Event, ...]]:
+    """The Clip step for option `clip`, and the events its selection charges."""
+    if isinstance(clip, str):
+        if clip == "auto":
+            return Clip(selector=auto), ()
+        if clip == "private":
+            if isinstance(clip_epsilon, bool) or not isinstance(clip_epsilon, (int, float)) or not clip_epsilon > 0:
+                raise ConfigError(f"scheme {name!r}: clip_epsilon must be > 0, got {clip_epsilon!r}")
+            eps0 = float(clip_epsilon)
+            return Clip(selector=lambda ctx: sensitivity.private_median(ctx, compress, eps0, clip_clients)), \
+                (PureDPEvent(eps0),)
+        raise ConfigError(f"scheme {name!r}: clip must be a number > 0, 'auto' or 'private', got {clip!r}")
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)):
+        raise ConfigError(f"scheme {name!r}: clip must be a number > 0, 'auto' or 'private', got {clip!r}")
+    return Clip(float(clip)), ()
+
+
+def _transport(noise_step, noise: str, secure_aggregation: bool, neighbours, threshold, drop_after_masking,
+               frac_bits, plain_codec=None) -> Transport:
+    if not isinstance(secure_aggregation, bool):
+        raise ConfigError(f"secure_aggregation must be true or false, got {secure_aggregation!r}")
+    secagg_opts = {"neighbours": neighbours, "threshold": threshold, "frac_bits": frac_bits}
+    if noise == "distributed" and secure_aggregation:
+        return SecureSum(noise_step, neighbours=neighbours, threshold=threshold,
+                         drop_after_masking=drop_after_masking, frac_bits=frac_bits)
+    if drop_after_masking:
+        raise ConfigError("drop_after_masking needs distributed noise with secure aggregation")
+    if noise != "distributed" and secure_aggregation:
+        raise ConfigError(f"noise = {noise!r} sends rows in plain; set secure_aggregation = false "
+                          "(secure aggregation goes with distributed noise)")
+    set_opts = [k for k, v in secagg_opts.items() if v is not None]
+    if set_opts:
+        raise ConfigError(f"options {set_opts} only apply to secure aggregation (noise = 'distributed')")
+    return PlainDP(plain_codec or Float32Codec())
+
+
+def _gaussian_scheme(name: str, compress: list[Step], *, auto_clip,
+                     n_params, cohort_size, sampling_rate, rounds, privacy, sigma, epsilon, clip, tolerate,
+                     noise, secure_aggregation, neighbours, threshold, drop_after_masking, frac_bits,
+                     clip_clients, clip_epsilon) -> Scheme:
+    _sigma_or_epsilon(name, sigma, epsilon)
+    check_placement(noise)
+    tolerate = check_tolerate(tolerate)
+    if tolerate and tolerate >= cohort_size:
+        raise ConfigError(f"scheme {name!r}: tolerate = {tolerate} must be < the cohort size |K| = {cohort_size}")
+    clip_step, prefix = _clip_step(name, clip, compress, auto_clip, clip_clients, clip_epsilon)
+    if sigma is None:
+        if noise == "local":  # worst case: a client in every round, no amplification
+            sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds, lambda x: GaussianEvent(x / 2), prefix)
+        else:
+            sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds, None, prefix)
+    noise_step = GaussianNoise(sigma, clip_step, sampling_rate, tolerate, noise)
+    transport = _transport(noise_step, noise, secure_aggregation, neighbours, threshold, drop_after_masking,
+                           frac_bits)
+    return Scheme(name, [*compress, clip_step, noise_step], transport, DPMeanAggregator())
+
+
+def _median_auto(compress: list[Step], clip_clients):
+    return lambda ctx: sensitivity.client_median(ctx, compress, clip_clients)
+
+
+# ---- the schemes ----------------------------------------------------------------------------------
+
+
+@register("fl-std-dp", "FL-STD-DP (thesis Alg. 10): clip to S, Gaussian noise shares, secure sum, mean")
+def fl_std_dp(n_params, cohort_size, sampling_rate, rounds, privacy, sigma: float | None = None,
+              epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
+              noise: str = "distributed", secure_aggregation: bool = True, neighbours: int | None = None,
+              threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
+              clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+    compress: list[Step] = []
+    return _gaussian_scheme("fl-std-dp", compress, auto_clip=_median_auto(compress, clip_clients),
+                            **_common(locals()))
+
+
+@register("fl-cs-dp", "FL-CS-DP (Alg. 11): DCT compress, clip, noise, secure sum; BPDN with momentum and "
+                      "error feedback on the server")
+def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05, chunks: int = 200,
+             lam: float = 1e-5, server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000,
+             tol: float = 3e-3, sigma: float | None = None, epsilon: float | None = None,
+             clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
+             secure_aggregation: bool = True, neighbours: int | None = None, threshold: int | None = None,
+             drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
+             clip_epsilon: float = 0.1) -> Scheme:
+    compress: list[Step] = [CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol)]
+    return _gaussian_scheme("fl-cs-dp", compress, auto_clip=_median_auto(compress, clip_clients),
+                            **_common(locals()))
+
+
+@register("fl-rnd-dp", "FL-RND-DP (Alg. 12): a fresh shared random m-subset, clip, noise, secure sum")
+def fl_rnd_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
+              sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
+              tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool = True,
+              neighbours: int | None = None, threshold: int | None = None, drop_after_masking: float = 0.0,
+              frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+    compress: list[Step] = [RandomSubsetStep(ratio)]
+    return _gaussian_scheme("fl-rnd-dp", compress, auto_clip=_median_auto(compress, clip_clients),
+                            **_common(locals()))
+
+
+@register("fl-freq-dp", "FL-FREQ-DP (Alg. 13): first m DCT coefficients, clip, noise, secure sum, low-pass")
+def fl_freq_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
+               sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
+               tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool = True,
+               neighbours: int | None = None, threshold: int | None = None, drop_after_masking: float = 0.0,
+               frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+    compress: list[Step] = [LowPassDCTStep(ratio)]
+    return _gaussian_scheme("fl-freq-dp", compress, auto_clip=_median_auto(compress, clip_clients),
+                            **_common(locals()))
+
+
+@register("fl-top-dp", "FL-TOP-DP (Alg. 14): Top-K set from public data, Top-K SGD, clip, noise, secure sum")
+def fl_top_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005, init_steps: int = 5,
+              init_lr: float = 0.215, task: str = "multiclass", sigma: float | None = None,
+              epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
+              noise: str = "distributed", secure_aggregation: bool = True, neighbours: int | None = None,
+              threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
+              clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+    top = TopKStep(ratio, init_steps, init_lr, task)
+    return _gaussian_scheme("fl-top-dp", [top],
+                            auto_clip=lambda ctx: sensitivity.public_topk(ctx, top.indices), **_common(locals()))
+
+
+@register("fl-basic-dp", "FL-BASIC-DP (§5.4.5): a fresh random trainable K-subset each round, clip, noise")
+def fl_basic_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005,
+                clip_repeats: int = 100, sigma: float | None = None, epsilon: float | None = None,
+                clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
+                secure_aggregation: bool = True, neighbours: int | None = None, threshold: int | None = None,
+                drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
+                clip_epsilon: float = 0.1) -> Scheme:
+    sub = RandomSubsetStep(ratio, mask_training=True)
+    return _gaussian_scheme("fl-basic-dp", [sub],
+                            auto_clip=lambda ctx: sensitivity.public_random(ctx, sub.k, clip_repeats),
+                            **_common(locals()))
+
+
+_COMMON = ("n_params", "cohort_size", "sampling_rate", "rounds", "privacy", "sigma", "epsilon", "clip", "tolerate",
+           "noise", "secure_aggregation", "neighbours", "threshold", "drop_after_masking", "frac_bits",
+           "clip_clients", "clip_epsilon")
+
+
+def _common(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: args[k] for k in _COMMON}
+
+
+@register("fl-sign-dp", "FL-SIGN-DP (Alg. 9): z ~ DG(sign(Δw), √n·σ/√(|K|−l)), secure sum over Z_2^b, "
+                        "γ·sign of the sum")
+def fl_sign_dp(n_params, cohort_size, sampling_rate, rounds, privacy, gamma: float = 0.005,
+               sigma: float | None = None, epsilon: float | None = None, tolerate: int = 0,
+               noise: str = "distributed", secure_aggregation: bool = True, neighbours: int | None = None,
+               threshold: int | None = None, drop_after_masking: float = 0.0) -> Scheme:
+    _sigma_or_epsilon("fl-sign-dp", sigma, epsilon)
+    check_placement(noise)
+    tolerate = check_tolerate(tolerate)
+    if tolerate and tolerate >= cohort_size:
+        raise ConfigError(f"scheme 'fl-sign-dp': tolerate = {tolerate} must be < the cohort size |K| = {cohort_size}")
+    if privacy.accountant == "pld":
+        raise ConfigError("FL-SIGN-DP's discrete Gaussian event (thesis Thm 3) bounds log-moments: use "
+                          "privacy.accountant = 'rdp' or 'moments', not 'pld'")
+    if sigma is None:
+        probe = DiscreteGaussianShare(1.0, sampling_rate, tolerate, noise)
+        k = cohort_size
+
+        def event(x: float) -> Event:
+            probe.sigma = x
+            if noise == "local":
+                return DiscreteGaussianEvent(x / 2, 1.0, n_params, 1,
+                                             sampler_tv=n_params * sampler_tv_bound(probe.share_std(n_params, k)))
+            return probe.event(n_params, k)
+
+        sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds, event)
+    sign, share = SignStep(gamma), DiscreteGaussianShare(sigma, sampling_rate, tolerate, noise)
+    codec = Float32Codec() if noise == "local" else SignCodec()  # local: noisy integers; central: plain signs
+    transport = _transport(share, noise, secure_aggregation, neighbours, threshold, drop_after_masking, None, codec)
+    return Scheme("fl-sign-dp", [sign, share], transport, SumAggregator())

@@ -1,0 +1,412 @@
+"""Client-level DP steps (thesis ch. 5): clipping, noise shares, noise placement, and the
+privacy event each round adds to the ledger.
+
+A DP scheme is a chain  [compression step] → Clip(S) → GaussianNoise(σ)  (or, for FL-SIGN-DP,
+SignStep → DiscreteGaussianShare(σ)), a transport and an aggregator (see `catalog_dp`).
+
+Noise placement (`noise=`):
+
+* ``distributed`` (default, thesis): each of the k answering clients adds a share
+  G(0, (Sσ)²/(k − l)) (FL-SIGN-DP: z ~ DG(sign, √n·σ/√(k − l))) and the rows reach the server
+  only as a secure sum (`SecureSum`). l = `tolerate` is the number of clients that may fail
+  after masking: if f ≤ l fail, the k − f surviving shares carry noise variance
+  (k − f)/(k − l)·(Sσ)² ≥ (Sσ)² (more noise than needed, the guarantee holds); if f > l the
+  transport aborts the round (`RoundAborted`) and nothing is released. Event per round:
+  SampledGaussianEvent(σ, q) (DiscreteGaussianEvent for FL-SIGN-DP, with the sampler's TV).
+* ``central``: clients send clipped rows in plain to a *trusted* server, which adds
+  G(0, (Sσ)²) to the sum (DG(0, √n·σ) for FL-SIGN-DP). Same event as distributed.
+* ``local``: every client adds the full G(0, (Sσ)²) and sends in plain; no secure
+  aggregation. The server sees who took part and each noisy row, so there is no
+  amplification by sampling, and local DP protects a client's row against *any* other
+  input of that client: ‖x − x'‖ ≤ 2S, i.e. noise multiplier σ/2 under the ledger's
+  add/remove relation. A client that took part c times has spent c × GaussianEvent(σ/2);
+  the ledger tracks the worst client: it records one event in each round in which the
+  largest participation count grows.
+
+Known limits (documented, shared with the thesis): under add/remove neighbouring the number
+of noise shares depends on whether the target client takes part, so the two outputs differ
+slightly in variance as well as in mean; the accountant treats the round as the Gaussian
+mechanism with noise multiplier σ. Gaussian shares are floating-point draws (Box–Muller on
+CryptoRNG uniforms), not an exact lattice sampler; FL-SIGN-DP uses the integer sampler.
+Metrics such as the clipped fraction are simulation diagnostics, not DP releases.
+
+Attacks: rows flagged in ``ctx.omit_noise`` (bool [k], set by an attack's ``select``) add no
+noise; ``dp_noise_shares`` in the metrics counts the rows that did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.compression.base import Codec
+from dpfl.errors import ConfigError
+from dpfl.privacy import DiscreteGaussianEvent, GaussianEvent, SampledGaussianEvent, sampler_tv_bound
+from dpfl.privacy.mechanisms import discrete_gaussian, gaussian_noise
+from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step, Transport
+from dpfl.schemes.transport import PlainTransport
+from dpfl.secagg import RoundAborted, SecAggTransport, gaussian_clip_range, sign_dp_bits
+
+PLACEMENTS = ("distributed", "local", "central")
+
+
+def check_placement(noise: str) -> str:
+    if noise not in PLACEMENTS:
+        raise ConfigError(f"noise placement must be one of {PLACEMENTS}, got {noise!r}")
+    return noise
+
+
+def check_tolerate(tolerate: int) -> int:
+    if isinstance(tolerate, bool) or not isinstance(tolerate, (int, np.integer)) or tolerate < 0:
+        raise ConfigError(f"tolerate (l, client failures the noise covers) must be an integer ≥ 0, got {tolerate!r}")
+    return int(tolerate)
+
+
+def _positive(name: str, v: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def shares(k: int, tolerate: int) -> int:
+    """Noise shares the calibration counts on: k − l (≥ 1, else the round cannot run)."""
+    if k - tolerate < 1:
+        raise RoundAborted(f"{k} answering clients cannot tolerate l = {tolerate} failures: "
+                           "the round releases nothing")
+    return k - tolerate
+
+
+def dp_denominator(ctx: RoundContext) -> int:
+    """The DP mean divides by the public expected cohort size |K| (not the random count)."""
+    return max(1, int(ctx.cohort_size or len(ctx.cohort)))
+
+
+def _omitted(ctx: RoundContext, k: int) -> np.ndarray:
+    m = getattr(ctx, "omit_noise", None)
+    return np.zeros(k, dtype=bool) if m is None else np.asarray(m, dtype=bool).reshape(k)
+
+
+def clip_rows(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray]:
+    """Per-row L2 clip û = u / max(1, ‖u‖/S), computed in float64 and guaranteed ‖û‖ ≤ S after
+    the cast back. Returns (û, bool [k] rows that were scaled)."""
+    x = u.detach().to(torch.float64)
+    norms = x.norm(dim=1)
+    over = norms > bound
+    factor = torch.where(over, bound / norms.clamp_min(1e-300), torch.ones_like(norms))
+    out = (x * factor[:, None]).to(u.dtype)
+    for _ in range(8):  # rounding of the cast can leave a norm a few ulps above S
+        bad = out.to(torch.float64).norm(dim=1) > bound
+        if not bool(bad.any()):
+            return out, over.cpu().numpy()
+        out[bad] = (out[bad].to(torch.float64) * (1 - 1e-6)).to(u.dtype)
+    raise RuntimeError("clipping did not converge")  # unreachable for finite inputs
+
+
+class Clip(Step):
+    """Client: û = u / max(1, ‖u‖₂/S) per row. S is a number, or chosen once in `setup` by
+    `selector(ctx) -> (S, how)` (see `dpfl.schemes.sensitivity`)."""
+
+    name = "clip"
+
+    def __init__(self, bound: float | None = None,
+                 selector: Callable[[SetupContext], tuple[float, str]] | None = None):
+        if (bound is None) == (selector is None):
+            raise ConfigError("Clip needs either a bound S or a selector")
+        self.bound = None if bound is None else _positive("clip bound S", bound)
+        self.selector = selector
+        self.how = "given"
+
+    def setup(self, ctx: SetupContext) -> None:
+        if self.selector is not None:
+            bound, self.how = self.selector(ctx)
+            self.bound = _positive("selected clip bound S", bound)
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if not u.is_floating_point():
+            raise ConfigError(f"clipping needs real-valued updates, got {u.dtype}")
+        out, over = clip_rows(u, self.bound)
+        ctx.metrics["dp_clip_fraction"] = float(over.mean()) if over.size else 0.0
+        ctx.metrics["dp_clip_bound"] = self.bound
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bound": self.bound, "how": self.how}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.bound, self.how = state["bound"], state["how"]
+
+    def describe(self) -> str:
+        return f"clip(S={self.bound if self.bound is None else round(self.bound, 6)}, {self.how})"
+
+
+class _Participation:
+    """Per-client participation counts for `local` noise (worst client's composition)."""
+
+    def __init__(self):
+        self.counts: np.ndarray | None = None
+        self.max = 0
+
+    def setup(self, n_clients: int) -> None:
+        if self.counts is None:
+            self.counts = np.zeros(max(1, n_clients), dtype=np.int64)
+
+    def grows(self, cohort: np.ndarray) -> bool:
+        return len(cohort) > 0 and int(self.counts[cohort].max()) + 1 > self.max
+
+    def record(self, cohort: np.ndarray) -> None:
+        if len(cohort):
+            self.counts[cohort] += 1
+            self.max = max(self.max, int(self.counts[cohort].max()))
+
+    def state(self) -> dict[str, Any]:
+        return {"counts": None if self.counts is None else self.counts.copy(), "max": self.max}
+
+    def load(self, st: dict[str, Any]) -> None:
+        self.counts = None if st["counts"] is None else np.array(st["counts"], dtype=np.int64)
+        self.max = int(st["max"])
+
+
+class GaussianNoise(Step):
+    """Gaussian noise for client-level DP with sensitivity S (read from `clip`), multiplier σ.
+
+    distributed: share G(0, (Sσ)²/(k − l)) per client; local: G(0, (Sσ)²) per client;
+    central: the server adds G(0, (Sσ)²) to the sum (to the mean: G(0, (Sσ/|K|)²)).
+    Draws come from a CryptoRNG per (round, client) (per round for the server).
+    """
+
+    name = "gaussian_noise"
+
+    def __init__(self, sigma: float, clip: Clip, q: float, tolerate: int = 0, noise: str = "distributed"):
+        self.sigma = _positive("noise multiplier σ", sigma)
+        self.clip, self.q = clip, float(q)
+        self.tolerate, self.noise = check_tolerate(tolerate), check_placement(noise)
+        if self.noise != "distributed" and self.tolerate:
+            raise ConfigError(f"tolerate = {tolerate} only applies to distributed noise (got noise = {noise!r})")
+        self.participation = _Participation()
+
+    def setup(self, ctx: SetupContext) -> None:
+        if self.noise == "local":
+            self.participation.setup(ctx.n_clients)
+
+    def share_std(self, k: int) -> float:
+        """Std of one client's share for a round with k answering clients (0 for central)."""
+        full = self.clip.bound * self.sigma
+        if self.noise == "distributed":
+            return full / math.sqrt(shares(k, self.tolerate))
+        return full if self.noise == "local" else 0.0
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        k = u.shape[0]
+        if self.noise == "central":
+            return u
+        std = self.share_std(k)
+        skip = _omitted(ctx, k)
+        out = u.detach().to("cpu", torch.float64).numpy().copy()
+        for i, c in enumerate(ctx.cohort):
+            if not skip[i]:
+                out[i] += gaussian_noise(out.shape[1], std, ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+        if self.noise == "local":
+            self.participation.record(np.asarray(ctx.cohort))
+        ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
+        ctx.metrics["dp_share_std"] = std
+        return torch.from_numpy(out).to(u.device, u.dtype)
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if self.noise != "central":
+            return agg
+        std = self.clip.bound * self.sigma / dp_denominator(ctx)
+        z = gaussian_noise(agg.numel(), std, ctx.seeds.crypto("round", ctx.round, "dp-central"))
+        return (agg.to("cpu", torch.float64) + torch.from_numpy(z)).to(agg.device, agg.dtype)
+
+    def privacy_events(self, ctx: RoundContext) -> list[Any]:
+        if self.noise == "local":
+            return [GaussianEvent(self.sigma / 2)] if self.participation.grows(np.asarray(ctx.cohort)) else []
+        return [SampledGaussianEvent(self.sigma, self.q)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"participation": self.participation.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.participation.load(state["participation"])
+
+    def describe(self) -> str:
+        tol = f", l={self.tolerate}" if self.tolerate else ""
+        return f"gaussian(σ={self.sigma:.6g}, {self.noise}{tol}, q={self.q:.6g})"
+
+
+class DiscreteGaussianShare(Step):
+    """FL-SIGN-DP noise on integer rows μ = sign(Δw) ∈ {±1}ⁿ (sensitivity √n).
+
+    distributed: z_k ~ DG(μ_k, √n·σ/√(k − l)); local: DG(μ_k, √n·σ); central: the server adds
+    DG(0, √n·σ) to the integer sum. Exact-table sampler `discrete_gaussian` (its TV distance
+    from the exact DG goes into the event and from there into δ).
+    """
+
+    name = "discrete_gaussian"
+
+    def __init__(self, sigma: float, q: float, tolerate: int = 0, noise: str = "distributed"):
+        self.sigma = _positive("noise multiplier σ", sigma)
+        self.q = float(q)
+        self.tolerate, self.noise = check_tolerate(tolerate), check_placement(noise)
+        if self.noise != "distributed" and self.tolerate:
+            raise ConfigError(f"tolerate = {tolerate} only applies to distributed noise (got noise = {noise!r})")
+        self.participation = _Participation()
+
+    def setup(self, ctx: SetupContext) -> None:
+        if self.noise == "local":
+            self.participation.setup(ctx.n_clients)
+
+    def share_std(self, n: int, k: int) -> float:
+        full = math.sqrt(n) * self.sigma
+        if self.noise == "distributed":
+            return full / math.sqrt(shares(k, self.tolerate))
+        return full
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if u.is_floating_point():
+            raise ConfigError(f"the discrete Gaussian share needs integer sign rows, got {u.dtype}")
+        k, n = u.shape
+        mu = u.detach().to("cpu", torch.int64).numpy()
+        if self.noise == "central":
+            return torch.from_numpy(mu).to(u.device)
+        xi = self.share_std(n, k)
+        skip = _omitted(ctx, k)
+        out = mu.copy()
+        for i, c in enumerate(ctx.cohort):
+            if not skip[i]:
+                out[i] = discrete_gaussian(mu[i], xi, ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+        if self.noise == "local":
+            self.participation.record(np.asarray(ctx.cohort))
+        ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
+        ctx.metrics["dp_share_std"] = xi
+        return torch.from_numpy(out).to(u.device)
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if self.noise != "central":
+            return agg
+        n = agg.numel()
+        z = discrete_gaussian(np.zeros(n, dtype=np.int64), math.sqrt(n) * self.sigma,
+                              ctx.seeds.crypto("round", ctx.round, "dp-central"))
+        return (agg.to("cpu", torch.float64) + torch.from_numpy(z).to(torch.float64)).to(agg.device, agg.dtype)
+
+    def event(self, n: int, k: int, q: float | None = None) -> DiscreteGaussianEvent:
+        """The round's event for n coordinates and k answering clients (distributed/central)."""
+        q = self.q if q is None else q
+        if self.noise == "distributed":
+            m = shares(k, self.tolerate)
+            return DiscreteGaussianEvent(self.sigma, q, n, m, sampler_tv=k * n * sampler_tv_bound(self.share_std(n, k)))
+        return DiscreteGaussianEvent(self.sigma, q, n, 1, sampler_tv=n * sampler_tv_bound(self.share_std(n, k)))
+
+    def privacy_events(self, ctx: RoundContext) -> list[Any]:
+        n, k = ctx.n_params, len(ctx.cohort)
+        if self.noise == "local":
+            if not self.participation.grows(np.asarray(ctx.cohort)):
+                return []
+            # sensitivity between two sign vectors is 2√n: multiplier σ/2 (κ is evaluated at the
+            # smaller ξ = √n·σ/2, which only enlarges the correction); one client's samples
+            return [DiscreteGaussianEvent(self.sigma / 2, 1.0, n, 1,
+                                          sampler_tv=n * sampler_tv_bound(self.share_std(n, k)))]
+        if self.noise == "distributed" and k - self.tolerate < 1:
+            return []  # the round aborts in `client` and releases nothing
+        return [self.event(n, k)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"participation": self.participation.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.participation.load(state["participation"])
+
+    def describe(self) -> str:
+        tol = f", l={self.tolerate}" if self.tolerate else ""
+        return f"discrete_gaussian(σ={self.sigma:.6g}, {self.noise}{tol}, q={self.q:.6g})"
+
+
+class DPMeanAggregator(Aggregator):
+    """(1/|K|) Σ_k rows with |K| the public expected cohort size (thesis Alg. 10–14; a fixed
+    denominator keeps the sum's sensitivity S whatever the random number of participants)."""
+
+    name = "dp_mean"
+
+    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
+        return (rec.total.to(torch.float64) / dp_denominator(ctx)).to(torch.float32)
+
+
+def _report_bits(rec: Received, d: int, ctx: RoundContext) -> None:
+    sent = np.asarray(rec.upstream_bytes)
+    sent = sent[sent > 0]
+    if sent.size and d:
+        ctx.metrics["up_bits_per_value"] = float(8.0 * sent.mean() / d)
+
+
+class PlainDP(PlainTransport):
+    """Plain transport (local or central noise) that also reports measured bits per value."""
+
+    def __init__(self, codec: Codec | None = None):
+        super().__init__(codec)
+        self.bits_per_value = getattr(self.codec, "bits_per_value", 32)
+
+    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
+        rec = super().transmit(u, ctx)
+        _report_bits(rec, u.shape[1], ctx)
+        return rec
+
+
+class SecureSum(Transport):
+    """Distributed noise: the cohort's noisy rows reach the server only as a secure sum over
+    Z_(2^b) (`dpfl.secagg.SecAggTransport`, one per round, so b follows the round's k).
+
+    Gaussian rows: fixed point, range S + t·(share std) (exceeded with prob ≤ 2⁻⁴⁰), scale 2^f
+    with f = `frac_bits` or, by default, the smallest f whose step is ≤ share std / 256.
+    FL-SIGN-DP rows: integers, b = ⌈log₂((12·√n·σ' + 1)·k)⌉ with σ' = σ·√(k/(k − l)) — the
+    thesis formula (§5.2.4), which it equals for l = 0, k = |K|.
+    `max_dropouts` = l: a round where more than l clients drop after masking aborts.
+    """
+
+    name = "secure_sum"
+    secure = True
+
+    def __init__(self, noise: GaussianNoise | DiscreteGaussianShare, *, neighbours: int | None = None,
+                 threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None):
+        self.noise = noise
+        self.neighbours, self.threshold = neighbours, threshold
+        self.drop_after_masking = float(drop_after_masking)
+        if frac_bits is not None and (isinstance(frac_bits, bool) or not isinstance(frac_bits, int)
+                                      or not 0 <= frac_bits <= 52):
+            raise ConfigError(f"frac_bits must be an integer in [0, 52] or omitted (automatic), got {frac_bits!r}")
+        self.frac_bits = frac_bits
+        self.bits_per_value: int | None = None
+        # validates neighbours / threshold / drop fraction once
+        self._inner(encoding="int", bits=8)
+
+    def _inner(self, **kw) -> SecAggTransport:
+        return SecAggTransport(neighbours=self.neighbours, threshold=self.threshold,
+                               max_dropouts=self.noise.tolerate, drop_after_masking=self.drop_after_masking, **kw)
+
+    def round_transport(self, k: int, d: int) -> SecAggTransport:
+        """The secure-aggregation transport for a round of k clients with d values each."""
+        if isinstance(self.noise, DiscreteGaussianShare):
+            m = shares(k, self.noise.tolerate)
+            return self._inner(encoding="int", bits=sign_dp_bits(d, self.noise.sigma * math.sqrt(k / m), k))
+        std = self.noise.share_std(k)
+        f = self.frac_bits if self.frac_bits is not None else min(52, max(0, math.ceil(8 - math.log2(std))))
+        return self._inner(encoding="fixed", clip_range=gaussian_clip_range(self.noise.clip.bound, std, k * d),
+                           frac_bits=f)
+
+    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
+        k, d = u.shape
+        if k < 2:
+            raise RoundAborted(f"secure aggregation needs ≥ 2 clients, round {ctx.round} has {k}: nothing released")
+        inner = self.round_transport(k, d)
+        self.bits_per_value = inner.round_bits(k)
+        rec = inner.transmit(u, ctx)
+        _report_bits(rec, d, ctx)
+        ctx.metrics["secagg_survivors"] = rec.count
+        return rec
+
+    def describe(self) -> str:
+        nb = "complete graph" if self.neighbours is None else f"{self.neighbours} neighbours"
+        return f"secure_sum({nb}, l={self.noise.tolerate})"

@@ -1,0 +1,154 @@
+"""Simulator: determinism, resume, byte accounting, selection, config errors, CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dpfl.config import load_config
+from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poisson
+from dpfl.engine.simulator import Simulation
+from dpfl.errors import ConfigError
+
+TIME_KEYS = ("train_seconds", "eval_seconds", "round_seconds")
+
+
+def metrics(run_dir):
+    out = []
+    for ln in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(ln)
+        for k in TIME_KEYS:
+            m.pop(k, None)
+        out.append(m)
+    return out
+
+
+def test_same_seed_same_metrics_and_model(tmp_path, tiny_config):
+    a = Simulation(tiny_config(), tmp_path / "a", log=lambda s: None)
+    a.run()
+    b = Simulation(tiny_config(), tmp_path / "b", log=lambda s: None)
+    b.run()
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    assert torch.equal(a.w, b.w)
+    c = Simulation(tiny_config(seed=4), tmp_path / "c", log=lambda s: None)
+    c.run()
+    assert not torch.equal(a.w, c.w)
+
+
+def test_resume_is_bit_identical(tmp_path, tiny_config):
+    full = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "full", log=lambda s: None)
+    full.run()
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_5(m):
+        if m["round"] == 5:
+            raise Crash
+
+    part = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "part", log=lambda s: None)
+    with pytest.raises(Crash):
+        part.run(crash_at_5)  # checkpoint at round 4, metrics written through round 5
+    assert len(metrics(tmp_path / "part")) == 5
+    resumed = Simulation.resume(tmp_path / "part", log=lambda s: None)
+    assert resumed.round == 4
+    resumed.run()
+    assert metrics(tmp_path / "part") == metrics(tmp_path / "full")
+    assert torch.equal(resumed.w, full.w)
+
+
+def test_fl_std_bytes_measured_equal_formula(tmp_path, tiny_config):
+    sim = Simulation(tiny_config(), tmp_path, log=lambda s: None)
+    sim.run()
+    ms = metrics(tmp_path)
+    n, k, N = sim.flat.n, 5, 20
+    for m in ms:
+        assert m["up_bytes"] == k * n * 4 and m["down_bytes"] == k * n * 4
+    last = ms[-1]
+    assert last["cum_up_bytes_per_client"] == pytest.approx(4 * n * 4 * k / N)
+    assert last["formula_up_bytes_per_client"] == pytest.approx(last["cum_up_bytes_per_client"])
+
+
+def test_weighted_mean_uses_data_sizes(tmp_path, tiny_config):
+    cfg = tiny_config(**{"data.partition": "quantity", "federation.rounds": 1})
+    sim = Simulation(cfg, None, log=lambda s: None)
+    sim._setup()
+    w0 = sim.w.clone()
+    cohort, _ = sim._cohort(1)
+    ctx = sim.context(1, cohort, len(cohort))
+    u = sim.client_updates(ctx)
+    sizes = torch.tensor(sim.fed.sizes[cohort], dtype=torch.float64)
+    expect = (sizes / sizes.sum()) @ u.double()
+    sim.step_round()
+    torch.testing.assert_close((sim.w - w0).double(), expect, rtol=1e-5, atol=1e-7)
+
+
+def test_learns_on_digits(tmp_path, tiny_config):
+    cfg = tiny_config(**{"federation.rounds": 15, "train.steps": 5, "train.lr": 0.2})
+    s = Simulation(cfg, tmp_path, log=lambda s: None).run()
+    assert s["best"]["accuracy"] > 0.6  # chance is 0.1
+
+
+def test_dropout_and_poisson_sampling(tmp_path, tiny_config):
+    cfg = tiny_config(**{"federation.dropout": 0.5, "federation.sampling": "poisson", "federation.rounds": 3})
+    Simulation(cfg, tmp_path, log=lambda s: None).run()
+    ms = metrics(tmp_path)
+    assert all(m["answered"] <= m["selected"] for m in ms)
+    assert any(m["answered"] < m["selected"] for m in ms)
+
+
+def test_selection_and_batches():
+    rng = np.random.default_rng(0)
+    c = select_fixed(100, 10, rng)
+    assert len(set(c.tolist())) == 10 and c.max() < 100
+    counts = np.mean([len(select_poisson(1000, 0.05, rng)) for _ in range(200)])
+    assert abs(counts - 50) < 3
+    kept, dropped = drop(np.arange(1000), 0.3, rng)
+    assert abs(len(dropped) - 300) < 60 and len(kept) + len(dropped) == 1000
+    pos = local_positions(np.array([10, 3]), steps=2, batch=5, rng=rng)
+    assert sorted(pos[0].ravel().tolist()) == list(range(10))  # one epoch without replacement
+    assert pos[1].max() < 3
+    with pytest.raises(ValueError):
+        select_fixed(5, 6, rng)
+
+
+def test_config_errors_name_key_and_allowed(tmp_path, tiny_config):
+    with pytest.raises(ConfigError, match=r"federation.roundz.*allowed keys here: .*rounds"):
+        load_config(data={"federation": {"roundz": 3}})
+    with pytest.raises(ConfigError, match=r"train.optimizer"):
+        load_config(data={"train": {"optimizer": "rmsprop"}})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[data\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"unknown scheme 'fl-nope'; allowed: .*fl-std"):
+        Simulation(tiny_config(**{"scheme.name": "fl-nope"}), None, log=lambda s: None)
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['gamma'\]"):
+        Simulation(tiny_config(**{"scheme.options": {"gamma": 1}}), None, log=lambda s: None)
+    with pytest.raises(ConfigError, match="not a resumable run directory"):
+        Simulation.resume(tmp_path)
+
+
+def test_cli_run_resume_report(tmp_path, tiny_config):
+    from dpfl.cli.main import app
+
+    cfg = tmp_path / "c.toml"
+    from dpfl.config import dump_config
+
+    cfg.write_text(dump_config(tiny_config(**{"federation.rounds": 2})))
+    r = CliRunner().invoke(app, ["run", str(cfg), "--out", str(tmp_path / "run"), "--set", "federation.rounds=3"])
+    assert r.exit_code == 0, r.output
+    assert "best accuracy" in r.output
+    assert len(metrics(tmp_path / "run")) == 3
+    r = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "run"), "--rounds", "4"])
+    assert r.exit_code == 0, r.output
+    assert len(metrics(tmp_path / "run")) == 4
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "plots")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "plots" / "accuracy_vs_round.png").stat().st_size > 1000
+    r = CliRunner().invoke(app, ["run", str(cfg), "--set", "federation.rounds=0"])
+    assert r.exit_code == 2 and "federation.rounds" in r.output
