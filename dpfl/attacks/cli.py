@@ -33,12 +33,17 @@ def membership(
     if json_out:
         console.print_json(json.dumps(res.as_dict()))
         return
-    t = Table(title=f"membership inference: {run_dir}")
-    for col in ("members", "non-members", "τ (mean member loss)", "TPR", "FPR", "advantage", "best advantage",
-                "AUC"):
-        t.add_column(col, justify="right")
-    t.add_row(str(res.members), str(res.non_members), f"{res.threshold:.4f}", f"{res.tpr:.4f}", f"{res.fpr:.4f}",
-              f"{res.advantage:.4f}", f"{res.best_advantage:.4f}", f"{res.auc:.4f}")
+    t = Table(title=f"membership inference (loss threshold): {run_dir}")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for label, v in (("members / non-members", f"{res.members} / {res.non_members}"),
+                     ("threshold τ (mean member loss)", f"{res.threshold:.4f}"),
+                     ("mean loss: members / non-members", f"{res.member_loss:.4f} / {res.non_member_loss:.4f}"),
+                     ("TPR / FPR at τ", f"{res.tpr:.4f} / {res.fpr:.4f}"),
+                     ("advantage TPR − FPR", f"{res.advantage:.4f} ± {res.advantage_se:.4f}"),
+                     ("best-threshold advantage (optimistic)", f"{res.best_advantage:.4f}"),
+                     ("AUC of −loss", f"{res.auc:.4f}")):
+        t.add_row(label, v)
     console.print(t)
 
 

@@ -9,8 +9,8 @@ Every behaviour takes the same common options:
   (``round(fraction·N)`` of them, or each with probability ``fraction``); a round's malicious rows
   are then the cohort members in that set;
 - ``boost`` (η_Adv): explicit boosting, the malicious rows' raw updates are multiplied by it;
-- ``omit_noise``: the attacker adds no noise share; DP noise steps read ``attack.omit_noise``
-  (also set on the round context as ``ctx.omit_noise``) and skip the malicious rows;
+- ``omit_noise``: the attackers add no noise share: `select` sets ``ctx.omit_noise`` (bool [k], the
+  malicious rows), which the DP noise steps (`dpfl.schemes.dp`) skip;
 - ``sign_boost``: after the scheme's client chain, a malicious row is replaced by
   ``sign_boost · sign(row)`` (thesis §6.3, FL-SIGN-DP: signs boosted by η_Adv = 5000, no noise).
 
@@ -43,7 +43,6 @@ class Malicious(Attack):
     """Selection of the malicious rows, explicit boosting and boosted signs (the common options)."""
 
     name = "malicious"
-    colluding = False  # True: malicious rows are recomputed together on the union of their data
 
     def __init__(self, fraction: float, mode: str = "fixed", *, boost: float = 1.0, persistent: bool = False,
                  omit_noise: bool = False, sign_boost: float | None = None):
@@ -76,10 +75,13 @@ class Malicious(Attack):
         return self._clients
 
     def select(self, ctx: RoundContext) -> np.ndarray:
-        ctx.omit_noise = self.omit_noise  # read by DP noise steps together with ctx.malicious
         if self.persistent:
-            return self.malicious_clients(ctx.n_clients, ctx.seeds)[ctx.cohort].copy()
-        return self._draw(len(ctx.cohort), ctx.numpy_rng("attack", "select"))
+            bad = self.malicious_clients(ctx.n_clients, ctx.seeds)[ctx.cohort].copy()
+        else:
+            bad = self._draw(len(ctx.cohort), ctx.numpy_rng("attack", "select"))
+        if self.omit_noise:
+            ctx.omit_noise = bad.copy()  # bool [k]: DP noise steps add no share for these rows
+        return bad
 
     # ---- what they send ------------------------------------------------------------
     def replace(self, u: torch.Tensor, bad: torch.Tensor, ctx: RoundContext) -> None:
@@ -165,7 +167,6 @@ class Colluding(Malicious):
     """Malicious clients pool their data and all send one update computed on the union
     (descent, or ascent when ``direction = -1``) with labels from `labels`."""
 
-    colluding = True
     direction = 1.0
 
     def attacker_indices(self, sim: Any, client: int) -> np.ndarray:

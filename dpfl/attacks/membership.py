@@ -28,6 +28,7 @@ class MembershipResult:
     tpr: float  # members with loss ≤ τ
     fpr: float  # non-members with loss ≤ τ
     advantage: float  # tpr − fpr
+    advantage_se: float  # its standard error (independent binomial TPR and FPR)
     best_advantage: float  # max over τ of tpr − fpr
     auc: float
     member_loss: float
@@ -60,7 +61,8 @@ def loss_threshold_attack(member_losses: np.ndarray, non_member_losses: np.ndarr
     from sklearn.metrics import roc_auc_score
 
     auc = float(roc_auc_score(np.r_[np.ones(a.size), np.zeros(b.size)], -np.r_[a, b]))
-    return MembershipResult(int(a.size), int(b.size), tau, tpr, fpr, tpr - fpr,
+    se = float(np.sqrt(tpr * (1 - tpr) / a.size + fpr * (1 - fpr) / b.size))
+    return MembershipResult(int(a.size), int(b.size), tau, tpr, fpr, tpr - fpr, se,
                             best_threshold_advantage(a, b), auc, float(a.mean()), float(b.mean()))
 
 

@@ -99,7 +99,7 @@ class TrimmedMean(_RowsAggregator):
 
     def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
         rows = self.rows(rec)
-        return trimmed_mean(rows, int(math.floor(self.trim * rows.shape[0])))
+        return trimmed_mean(rows, math.floor(self.trim * rows.shape[0]))
 
 
 class MultiKrum(_RowsAggregator):

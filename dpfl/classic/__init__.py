@@ -4,4 +4,4 @@ from dpfl.classic.forest import DPRandomForest
 from dpfl.classic.functional import FunctionalLinearRegression, FunctionalLogisticRegression
 from dpfl.classic.svm import DPSVM
 
-__all__ = ["DPRandomForest", "DPSVM", "FunctionalLinearRegression", "FunctionalLogisticRegression"]
+__all__ = ["DPSVM", "DPRandomForest", "FunctionalLinearRegression", "FunctionalLogisticRegression"]

@@ -29,8 +29,8 @@ def run_bench(epsilons=(0.1, 1.0, 10.0, 100.0, 1000.0), seeds: int = 5, console:
     """Accuracy (classifiers) or test MSE (linear regression) per ε; prints a rich table."""
     t0 = time.time()
     cancer, wine, diabetes = _split(load_breast_cancer), _split(load_wine), _split(load_diabetes)
-    acc = lambda m, d: float((m.predict(d[1]) == d[3]).mean())  # noqa: E731
-    mse = lambda m, d: float(np.mean((m.predict(d[1]) - d[3]) ** 2))  # noqa: E731
+    acc = lambda m, d: float((m.predict(d[1]) == d[3]).mean())
+    mse = lambda m, d: float(np.mean((m.predict(d[1]) - d[3]) ** 2))
     rows = {
         "FM logistic / breast_cancer (acc)": (
             cancer, acc, lambda e, s, d: FunctionalLogisticRegression(e, bounds=d[4], random_state=s),

@@ -27,7 +27,15 @@ import math
 
 import numpy as np
 
-from dpfl.classic._common import as_bounds, check_epsilon, check_fraction, check_X, check_Xy, noise_rng, plain_rng
+from dpfl.classic._common import (
+    as_bounds,
+    check_epsilon,
+    check_fraction,
+    check_X,
+    check_Xy,
+    noise_rng,
+    plain_rng,
+)
 from dpfl.classic._privacy import laplace_event, make_ledger, pure_event
 from dpfl.errors import ConfigError, DataError
 from dpfl.privacy.events import ComposedEvent, SelfComposedEvent

@@ -57,6 +57,12 @@ def monomials(Z: np.ndarray) -> np.ndarray:
     return np.where(iu[0] == iu[1], 1.0, 2.0) * prod
 
 
+def monomial_sums(Z: np.ndarray) -> np.ndarray:
+    """sum over records of `monomials(Z)`, from Z^T Z (no [n, d^2] intermediate)."""
+    iu = np.triu_indices(Z.shape[1])
+    return np.where(iu[0] == iu[1], 1.0, 2.0) * (Z.T @ Z)[iu]
+
+
 def quadratic_from_monomials(coef: np.ndarray, d: int) -> np.ndarray:
     """The symmetric Q with w^T Q w = sum_{j<=l} coef_jl w_j w_l."""
     iu = np.triu_indices(d)
@@ -135,7 +141,7 @@ class _FunctionalMechanism:
             Z = self._features(X)
             t = self._targets(y)
             rows_lin.append(self.lin * (t[:, None] * Z).sum(axis=0))
-            rows_quad.append(self.quad * monomials(Z).sum(axis=0))
+            rows_quad.append(self.quad * monomial_sums(Z))
         d = rows_lin[0].shape[0]
         if any(r.shape[0] != d for r in rows_lin):
             raise DataError("all clients must have the same number of features")

@@ -40,6 +40,7 @@ class CollabSection(_Strict):
     fedavg_sync_every: int = Field(0, ge=0)  # local steps between parameter averages; 0 = once per epoch
     frac_bits: int = Field(24, ge=8, le=40)
     vote_gamma: float = Field(0.05, gt=0)  # LNMax γ of the noisy-vote ensemble accuracy
+    device: str = "cpu"  # torch device of the worker models and their data
 
     @field_validator("workers")
     @classmethod

@@ -32,8 +32,13 @@ def make_workers(cfg: ExperimentConfig, ds, k: int) -> list[Worker]:
     for i, p in enumerate(parts):
         spec = specs[i % len(specs)]
         name, opts = (spec, cfg.collab.model_options) if isinstance(spec, str) else (spec.name, spec.options)
-        model = build_model(name, seed=seeds.seed("collab", "init", k, i) % 2**32, **opts)
-        workers.append(Worker(model, ds.x_train[torch.from_numpy(p)], ds.y_train[torch.from_numpy(p)]))
+        model = build_model(name, seed=seeds.seed("collab", "init", k, i) % 2**32, **opts).to(
+            cfg.collab.device
+        )
+        idx = torch.from_numpy(p)
+        workers.append(
+            Worker(model, ds.x_train[idx].to(cfg.collab.device), ds.y_train[idx].to(cfg.collab.device))
+        )
     return workers
 
 

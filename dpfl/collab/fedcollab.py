@@ -81,15 +81,17 @@ def _batches(workers: list[Worker], batch_size: int, seeds: Seeds, epoch: int):
         out = []
         for w, p in zip(workers, perms, strict=True):
             nb = math.ceil(len(p) / batch_size)
-            idx = p[(t % nb) * batch_size : (t % nb + 1) * batch_size]
+            idx = p[(t % nb) * batch_size : (t % nb + 1) * batch_size].to(w.x.device)
             out.append((w.x[idx], w.y[idx]))
         yield out
 
 
 @torch.no_grad()
 def predict_logits(model: nn.Module, x: torch.Tensor, batch: int = 1000) -> torch.Tensor:
+    """Logits on the CPU; batches run on the model's device."""
+    device = next(model.parameters()).device
     model.eval()
-    out = torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)])
+    out = torch.cat([model(x[i : i + batch].to(device)).cpu() for i in range(0, len(x), batch)])
     model.train()
     return out
 
@@ -168,7 +170,7 @@ def train_losses(
                 o.step()
         if on_epoch is not None:
             log.history.append({"epoch": epoch, **on_epoch(epoch, [w.model for w in workers])})
-    log.final_params = [parameters_to_vector(w.model.parameters()).detach().clone() for w in workers]
+    log.final_params = [parameters_to_vector(w.model.parameters()).detach().cpu().clone() for w in workers]
     return log
 
 
@@ -202,16 +204,14 @@ def train_fedavg(
     def sync() -> None:
         nonlocal theta
         rows = np.stack(
-            [parameters_to_vector(w.model.parameters()).detach().double().numpy() for w in workers]
+            [parameters_to_vector(w.model.parameters()).detach().double().cpu().numpy() for w in workers]
         )
         total, traffic = secure_sum(rows, frac_bits, rng)
-        new = torch.from_numpy(total / k).to(theta.dtype)
+        new = torch.from_numpy(total / k).to(device=theta.device, dtype=theta.dtype)
         log.traffic.add(traffic)
         log.broadcast_bytes += k * new.numel() * new.element_size()
         log.opened_values += 1
-        log.max_open_error = max(
-            log.max_open_error, float((new.double() - torch.from_numpy(rows.mean(0))).abs().max())
-        )
+        log.max_open_error = max(log.max_open_error, float(np.abs(total / k - rows.mean(0)).max()))
         theta = new
 
     for w in workers:
@@ -235,5 +235,5 @@ def train_fedavg(
                 vector_to_parameters(theta.clone(), w.model.parameters())  # own copy: no aliasing
         if on_epoch is not None:
             log.history.append({"epoch": epoch, **on_epoch(epoch, [workers[0].model])})
-    log.final_params = [theta.clone()]
+    log.final_params = [theta.cpu().clone()]
     return log

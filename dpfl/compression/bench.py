@@ -27,7 +27,7 @@ import torch
 from dpfl.compression.cs import bpdn
 from dpfl.compression.dct import ChunkedDCT
 from dpfl.compression.subset import count_for_ratio
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, DataError
 
 INSTALL_HINT = "pip install pylbfgs  (OWL-QN [Tay20]; only needed for this benchmark)"
 
@@ -44,7 +44,7 @@ def real_updates(n_clients: int, seed: int) -> tuple[torch.Tensor, str]:
 
         ds = load_fashion_mnist(seed=seed, n_train=need, n_test=1)
         x, y, source = ds.x_train[:need], ds.y_train[:need], "Fashion-MNIST"
-    except Exception as e:  # data missing: say so in the table instead of failing
+    except DataError as e:  # data missing: say so in the table instead of failing
         gen = torch.Generator().manual_seed(seed)
         x, y = torch.rand(need, 1, 28, 28, generator=gen), torch.randint(0, 10, (need,), generator=gen)
         source = f"random images ({type(e).__name__}: Fashion-MNIST not found)"
@@ -71,7 +71,7 @@ def owlqn_solve(op: ChunkedDCT, y: torch.Tensor, lam: float, chunks: int) -> np.
         mj, nj, L = int(op.counts[j]), int(op.real_counts[j]), op.length
         target = yc[j, :mj]
 
-        def f(x, g):
+        def f(x, g, L=L, nj=nj, mj=mj, target=target):
             buf = np.zeros(L)
             buf[:nj] = x
             r = scipy.fft.dct(buf, norm="ortho")[:mj] - target
@@ -96,19 +96,24 @@ def _chunk_objective(op: ChunkedDCT, y: torch.Tensor, sc: np.ndarray, lam: float
     return float(0.5 * r @ r + lam * np.abs(sc).sum())
 
 
-def _reference(op: ChunkedDCT, y: torch.Tensor, lam: float, chunks: int) -> np.ndarray:
-    """A tight solve (float64, tol 1e-6) of the first `chunks` chunks alone: the BPDN minimizer."""
+def _reference(op: ChunkedDCT, y: torch.Tensor, lam: float, chunks: int, tol: float) -> np.ndarray:
+    """A tight solve (float64) of the first `chunks` chunks alone: the BPDN minimizer.
+
+    At tol = 1e-6 it agrees with scikit-learn's coordinate-descent Lasso to 5e-8 in objective
+    and 0.7 % in distance on one thesis-size chunk, 5× faster than it (measured once by hand).
+    """
     sub = ChunkedDCT(int(op.real_counts[:chunks].sum()), int(op.counts[:chunks].sum()), chunks, None)
     if sub.length != op.length or not all(torch.equal(a[:chunks], b) for a, b in zip(op.masks(), sub.masks())):
         raise ConfigError("reference chunks must have the full problem's layout; use fewer reference chunks")
     ys = sub.select(op.expand(y.to(torch.float64))[:chunks])
-    s, _ = bpdn(sub, ys, lam, tol=1e-6, max_iter=50_000)
+    s, _ = bpdn(sub, ys, lam, tol=tol, max_iter=100_000)
     return sub.to_chunks(s).numpy()
 
 
 def run_bench(n: int = 1_663_370, ratio: float = 0.05, chunks: int = 200, lam: float = 1e-5,
-              tol: float = 1e-2, owlqn_chunks: int | None = None, ref_chunks: int = 4, clients: int = 10,
-              seed: int = 0, device: str = "cpu", threads: int = 1, print_table: bool = True) -> dict[str, Any]:
+              tol: float = 1e-2, owlqn_chunks: int | None = None, ref_chunks: int = 2, ref_tol: float = 1e-6,
+              clients: int = 10, seed: int = 0, device: str = "cpu", threads: int = 1,
+              print_table: bool = True) -> dict[str, Any]:
     """Time and accuracy of our BPDN solver vs pylbfgs OWL-QN; prints a rich table, returns the numbers.
 
     `owlqn_chunks`: OWL-QN on only the first chunks (default all P); `ref_chunks`: chunks solved
@@ -168,7 +173,7 @@ def run_bench(n: int = 1_663_370, ratio: float = 0.05, chunks: int = 200, lam: f
             t0 = time.perf_counter()
             sc = owlqn_solve(op, y, lam, owlqn_chunks)
             runs[owl] = {"seconds": time.perf_counter() - t0, "iterations": -1, "sc": sc}
-        ref = _reference(op, y, lam, ref_chunks) if ref_chunks else None
+        ref = _reference(op, y, lam, ref_chunks, ref_tol) if ref_chunks else None
         objs = {k: _chunk_objective(op, y, v["sc"], lam) for k, v in runs.items()}
         best = min(objs.values())
         out = {}
@@ -180,9 +185,9 @@ def run_bench(n: int = 1_663_370, ratio: float = 0.05, chunks: int = 200, lam: f
                 row["rel_dist_to_minimizer"] = float(np.linalg.norm(v["sc"][:ref_chunks] - ref) / np.linalg.norm(ref))
             out[k] = row
         if owl in out:
-            for k in out:
+            for k, row in out.items():
                 if k != owl:  # OWL-QN timed on eval_chunks chunks, ours on all P: compare per chunk
-                    out[k]["speedup_vs_owlqn"] = out[owl]["seconds"] / (out[k]["seconds"] * eval_chunks / chunks)
+                    row["speedup_vs_owlqn"] = out[owl]["seconds"] / (row["seconds"] * eval_chunks / chunks)
         results["signals"][name] = {"source": source, "solvers": out}
 
     if print_table:

@@ -1,7 +1,7 @@
 """BPDN / LASSO reconstruction for FL-CS: argmin_s ½‖y − Θs‖² + λ‖s‖₁, batched over all chunks.
 
-Θ = (first m_j rows) ∘ orthonormal DCT-II per chunk and Ψ = I (thesis eq. 2.4). Θ has
-orthonormal rows, so ΘᵀΘ = Q is a projection and (ΘᵀΘ + ρI)⁻¹ is diagonal in the DCT domain
+Θ = (first m_j rows) ∘ orthonormal DCT-II per chunk and Ψ = I (thesis eq. 2.4). On the padded
+chunk Θ has orthonormal rows, so ΘᵀΘ = Q is a projection and (ΘᵀΘ + ρI)⁻¹ is diagonal in the DCT domain
 (1/(1+ρ) on measured coefficients, 1/ρ elsewhere). That makes ADMM exact and cheap: one DCT
 and one inverse DCT per iteration, on every chunk of every batch row at once (torch, CPU or
 CUDA). Scaled ADMM with over-relaxation α (Boyd et al. 2011, §3.4.3; §6.4 for the lasso):
@@ -14,8 +14,13 @@ CUDA). Scaled ADMM with over-relaxation α (Boyd et al. 2011, §3.4.3; §6.4 for
 The penalty is set per chunk from the data, ρ = λ / (c·‖Θᵀy‖_∞) (so the threshold λ/ρ is c
 times the smallest λ whose solution is 0): the iteration is invariant to the scale of y.
 The solve stops when, in every chunk, max(‖s − z‖, ‖z − z_prev‖) ≤ tol·max(‖z‖, ‖Θᵀy‖)
-(primal residual and relative change), or at `max_iter`. Returns z (exactly sparse). ADMM beat FISTA with the exact step 1/L = 1 by ~5× in iterations on these problems
-(low-frequency rows make the lasso badly conditioned); see `dpfl bench cs` for timings.
+(primal residual and relative change; tested every CHECK_EVERY iterations), or at `max_iter`.
+Returns z (exactly sparse).
+
+Defaults (c = 0.5, α = 1.6, tol = 1e-2) reach a lower objective than the thesis's OWL-QN on real
+FL-CS inputs and on sparse signals (`dpfl bench cs` prints both). On these problems ADMM needed
+~5× fewer iterations than FISTA with the exact step 1/L = 1 (low-frequency rows make the lasso
+badly conditioned).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import torch
 
 from dpfl.compression.dct import ChunkedDCT, dct, idct
 from dpfl.errors import ConfigError
+
+CHECK_EVERY = 5  # iterations between stopping tests (each test costs ~ a third of an iteration)
 
 
 @dataclass
@@ -51,8 +58,8 @@ def bpdn(
     lam: float = 1e-5,
     *,
     max_iter: int = 1000,
-    tol: float = 3e-3,
-    penalty: float = 1.0,
+    tol: float = 1e-2,
+    penalty: float = 0.5,
     relax: float = 1.6,
 ) -> tuple[torch.Tensor, SolveInfo]:
     """Solve ½‖y − Θs‖² + λ‖s‖₁ for y: [..., m]; returns s: [..., n] and solver info.
@@ -90,12 +97,14 @@ def bpdn(
         v.add_(u)
         torch.clamp(v, min=-thresh, max=thresh, out=u)  # u_new = v − soft(v) = clamp(v, ±λ/ρ)
         torch.sub(v, u, out=z_new)  # z_new = soft(v, λ/ρ)
-        primal = torch.linalg.vector_norm(torch.sub(s, z_new, out=d), dim=-1)
-        change = torch.linalg.vector_norm(torch.sub(z_new, z, out=d), dim=-1)
-        rel = torch.maximum(primal, change) / torch.maximum(torch.linalg.vector_norm(z_new, dim=-1), scale)
-        rel = torch.nan_to_num(rel, nan=0.0)  # 0/0: an all-zero chunk (y = 0) is solved
+        if it % CHECK_EVERY == 0 or it == max_iter:
+            primal = torch.linalg.vector_norm(torch.sub(s, z_new, out=d), dim=-1)
+            change = torch.linalg.vector_norm(torch.sub(z_new, z, out=d), dim=-1)
+            rel = torch.maximum(primal, change) / torch.maximum(torch.linalg.vector_norm(z_new, dim=-1), scale)
+            rel = torch.nan_to_num(rel, nan=0.0)  # 0/0: an all-zero chunk (y = 0) is solved
+            if float(rel.max()) <= tol:
+                z = z_new
+                break
         z, z_new = z_new, z
-        if float(rel.max()) <= tol:
-            break
     info = SolveInfo(it, float(rel.max()) <= tol if rel.numel() else True, float(rel.max()) if rel.numel() else 0.0)
     return op.from_chunks(z), info

@@ -52,6 +52,7 @@ def _opacus_stepper(model, x, y, clip, sigma, lr):
 
 def run_bench(
     model: str = "cnn",
+    model_options: dict | None = None,
     batch_size: int = 64,
     steps: int = 5,
     warmup: int = 1,
@@ -60,37 +61,50 @@ def run_bench(
     lr: float = 0.1,
     threads: int | None = None,
     seed: int = 0,
+    device: str = "cpu",
     print_table: bool = True,
 ) -> dict:
     """Examples/s of one DP-SGD step for dpfl and Opacus (if installed) on `model`, same batch."""
     if threads is not None:
         torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed)
-    x = torch.rand(batch_size, 1, 28, 28, generator=g)
-    y = torch.randint(0, 10, (batch_size,), generator=g)
-    steppers = {"dpfl": _dpfl_stepper(build_model(model, seed=seed), x, y, clip, noise_multiplier, lr)}
+    x = torch.rand(batch_size, 1, 28, 28, generator=g).to(device)
+    y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
+
+    def fresh():
+        return build_model(model, seed=seed, **(model_options or {})).to(device)
+
+    steppers = {"dpfl": _dpfl_stepper(fresh(), x, y, clip, noise_multiplier, lr)}
     opacus_note = None
     try:
         import opacus
 
-        steppers["opacus"] = _opacus_stepper(build_model(model, seed=seed), x, y, clip, noise_multiplier, lr)
+        steppers["opacus"] = _opacus_stepper(fresh(), x, y, clip, noise_multiplier, lr)
         opacus_note = f"opacus {opacus.__version__}"
     except ImportError as e:
         opacus_note = f"opacus not available: {e}"
     times: dict[str, list[float]] = {k: [] for k in steppers}
+
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
     for i in range(warmup + steps):
         for name, step in steppers.items():
+            sync()
             t = time.perf_counter()
             step()
+            sync()
             if i >= warmup:
                 times[name].append(time.perf_counter() - t)
     rates = {k: batch_size / statistics.median(v) for k, v in times.items()}
     out = {
         "model": model,
-        "params": count_params(build_model(model, seed=seed)),
+        "params": count_params(fresh()),
         "batch_size": batch_size,
         "steps": steps,
         "threads": torch.get_num_threads(),
+        "device": str(device),
         "examples_per_s": rates,
         "step_seconds": {k: sorted(v) for k, v in times.items()},
         "opacus": opacus_note,

@@ -34,6 +34,7 @@ class DPSGDConfig(BaseModel):
     accountant: str = "rdp"
     chunk_size: int = 128
     seed: int = 0
+    device: str = "cpu"
 
     @model_validator(mode="after")
     def _one_noise_spec(self):
@@ -77,6 +78,7 @@ def run_central(cfg: DPSGDConfig) -> dict:
         accountant=cfg.accountant,
         x_test=ds.x_test,
         y_test=ds.y_test,
+        device=cfg.device,
     )
     seconds = time.perf_counter() - t0
     return {

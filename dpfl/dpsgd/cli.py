@@ -37,6 +37,7 @@ def train_cmd(
     momentum: float = typer.Option(0.0, help="heavy-ball momentum (post-processing)"),
     accountant: str = typer.Option("rdp", help="rdp, pld or moments"),
     seed: int = typer.Option(0, help="seed (data split, init, sampling and noise streams)"),
+    device: str = typer.Option("cpu", help="torch device for the gradients (cpu, cuda, ...)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ) -> None:
     """Train a model with DP-SGD and report test accuracy and (ε, δ)."""
@@ -63,6 +64,7 @@ def train_cmd(
             momentum=momentum,
             accountant=accountant,
             seed=seed,
+            device=device,
         )
         res = run_central(cfg)
     except DpflError as e:

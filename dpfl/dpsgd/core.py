@@ -89,7 +89,7 @@ def clipped_grad_sum(
     grads = per_example_grads(params, buffers, model, x, y, loss=loss)
     w = clip_factors(grads, clip)
     if mask is not None:
-        w = w * mask.to(w.dtype)
+        w = w * mask.to(device=w.device, dtype=w.dtype)
     return {k: torch.einsum("b,b...->...", w.to(g.dtype), g) for k, g in grads.items()}
 
 
@@ -110,7 +110,7 @@ def gaussian_like(tensors: Params, std: float, rng: CryptoRNG) -> Params:
     flat = torch.from_numpy(gaussian(rng, total, std))
     out, i = {}, 0
     for k, t in tensors.items():
-        out[k] = flat[i : i + t.numel()].reshape(t.shape).to(t.dtype)
+        out[k] = flat[i : i + t.numel()].reshape(t.shape).to(device=t.device, dtype=t.dtype)
         i += t.numel()
     return out
 

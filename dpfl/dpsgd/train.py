@@ -69,8 +69,9 @@ def accuracy(
     model: torch.nn.Module, params: dict, x: torch.Tensor, y: torch.Tensor, batch: int = 1000
 ) -> float:
     correct = 0
+    device = next(iter(params.values())).device
     for i in range(0, len(x), batch):
-        out = functional_call(model, params, (x[i : i + batch],))
+        out = functional_call(model, params, (x[i : i + batch].to(device),)).cpu()
         pred = (out > 0).long() if out.ndim == 1 else out.argmax(dim=1)
         correct += int((pred == y[i : i + batch]).sum())
     return correct / max(1, len(x))
@@ -104,8 +105,10 @@ def train(
     ledger: Ledger | None = None,
     x_test: torch.Tensor | None = None,
     y_test: torch.Tensor | None = None,
+    device: str | torch.device = "cpu",
 ) -> TrainResult:
-    """DP-SGD for `plan.steps` steps from the model's current parameters; the model is not modified."""
+    """DP-SGD for `plan.steps` steps from the model's current parameters; the model is not modified.
+    Data stay where they are; each chunk is moved to `device` (noise is drawn on the CPU)."""
     check_dp_args(clip, plan.noise_multiplier, lr)
     if not 0 <= momentum < 1:
         raise ConfigError(f"momentum must be in [0, 1), got {momentum}")
@@ -121,8 +124,8 @@ def train(
         raise PrivacyError("noise multiplier 0 gives no privacy; DP-SGD needs σ > 0")
     torch.manual_seed(seeds.seed("dpsgd", "torch"))  # dropout inside vmap draws from the global generator
     sample_rng, noise_rng = seeds.crypto("dpsgd", "sample"), seeds.crypto("dpsgd", "noise")
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    params = {k: v.detach().clone().to(device) for k, v in model.named_parameters()}
+    buffers = {k: v.detach().to(device) for k, v in model.named_buffers()}
     velocity = {k: torch.zeros_like(v) for k, v in params.items()}
     expected = plan.sample_rate * n
     steps_per_epoch = max(1, round(1 / plan.sample_rate))
@@ -134,7 +137,14 @@ def train(
         total = {k: torch.zeros_like(v) for k, v in params.items()}
         for part, mask in padded_chunks(idx, chunk_size):
             s = clipped_grad_sum(
-                params, buffers, model, x[part], y[part], clip=clip, loss=loss, mask=torch.from_numpy(mask)
+                params,
+                buffers,
+                model,
+                x[part].to(device),
+                y[part].to(device),
+                clip=clip,
+                loss=loss,
+                mask=torch.from_numpy(mask).to(device),
             )
             for k in total:
                 total[k] += s[k]

@@ -25,6 +25,7 @@ from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poi
 from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
+from dpfl.secagg import RoundAborted
 from dpfl.schemes.base import RoundContext, SetupContext
 from dpfl.schemes.registry import Scheme, build_scheme
 
@@ -223,15 +224,20 @@ class Simulation:
                                               f"{self.cfg.privacy.target_epsilon}")
         down = self.scheme.downstream_bytes(ctx) * n_selected
         up = 0
+        aborted = None
         if len(cohort):
             u = self.client_updates(ctx)
             t_train = time.perf_counter() - t0
             d_full = u.shape[1]
-            for s in self.scheme.steps:
-                u = s.client(u, ctx)
-            if self.attack is not None:
-                u = self.attack.after_chain(u, ctx)
-            rec = self.scheme.transport.transmit(u, ctx)
+            try:
+                for s in self.scheme.steps:
+                    u = s.client(u, ctx)
+                if self.attack is not None:
+                    u = self.attack.after_chain(u, ctx)
+                rec = self.scheme.transport.transmit(u, ctx)
+            except RoundAborted as e:  # nothing released: no model update, no privacy event
+                aborted = str(e)
+        if len(cohort) and aborted is None:
             agg = self.scheme.aggregator(rec, ctx)
             for s in reversed(self.scheme.steps):
                 agg = s.server(agg, ctx)
@@ -245,8 +251,8 @@ class Simulation:
                                                          "bits_per_value", 32)
             formula_up = u.shape[1] * bits / 8
         else:
-            t_train, formula_up = 0.0, 0.0
-        if self.ledger is not None:
+            t_train, formula_up = (t_train if len(cohort) else 0.0), 0.0
+        if self.ledger is not None and aborted is None:
             for e in events:
                 self.ledger.add(e)
         self.round = r
@@ -266,6 +272,8 @@ class Simulation:
             "formula_down_bytes_per_client": self.cum["formula_down_bytes"],
             "train_seconds": round(t_train, 4),
         }
+        if aborted is not None:
+            rec_m["aborted"] = aborted
         rec_m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
         if self.ledger is not None:
             rec_m["epsilon"] = self.ledger.epsilon(self.cfg.privacy.delta)
@@ -289,7 +297,8 @@ class Simulation:
         if self.best is None or v > self.best[key]:
             keep = ("round", "accuracy", "balanced_accuracy", "auroc", "loss", "epsilon",
                     "cum_up_bytes_per_client", "cum_down_bytes_per_client",
-                    "formula_up_bytes_per_client", "formula_down_bytes_per_client")
+                    "formula_up_bytes_per_client", "formula_down_bytes_per_client",
+                    "source_accuracy", "attack_success")
             self.best = {k: m[k] for k in keep if k in m}
             self.best["metric"] = key
 

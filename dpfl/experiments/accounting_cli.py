@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, DpflError
 from dpfl.experiments.accounting_comparison import METHODS, MODELS, Config, run_comparison
 
 app = typer.Typer(help="Accuracy loss and membership advantage vs ε under NC / AC / zCDP / RDP / PLD accounting.")
@@ -31,7 +31,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 @app.command()
 def run(
-    out_dir: Path = typer.Option(..., help="folder for accounting_comparison.json and .png"),
+    out_dir: str = typer.Option(..., help="folder for accounting_comparison.json and .png"),
     n_train: int = typer.Option(10_000, help="training records (members)"),
     n_test: int = typer.Option(10_000, help="test records (non-members)"),
     epochs: int = typer.Option(100),
@@ -47,6 +47,7 @@ def run(
     data_root: str = typer.Option(None, help="folder with the Fashion-MNIST IDX files (default: system paths)"),
 ) -> None:
     """Train LR and the 2x256 MLP at each ε under each accounting; write the plot and the numbers."""
+    out = Path(out_dir)
     cfg = Config(n_train=n_train, n_test=n_test, epochs=epochs, batch_size=batch_size, lr=lr, clip=clip,
                  delta=delta, epsilons=_floats(epsilons), methods=_names(methods), models=_names(models),
                  repeats=repeats, seed=seed, data_root=data_root)
@@ -57,7 +58,11 @@ def run(
                       f"test acc {r['test_acc']:.3f} loss {r['accuracy_loss']:+.3f} "
                       f"adv {r['membership_advantage']:+.3f} ({r['seconds']:.1f}s)")
 
-    result = run_comparison(cfg, out_dir, progress=progress)
+    try:
+        result = run_comparison(cfg, out, progress=progress)
+    except DpflError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(code=2) from None
     table = Table(title=f"accuracy loss / membership advantage (δ={delta})")
     table.add_column("model")
     table.add_column("method")
@@ -70,4 +75,4 @@ def run(
             table.add_row(model, method, *(f"{by_eps[str(e)]['accuracy_loss']:.3f} / "
                                            f"{by_eps[str(e)]['membership_advantage']:+.3f}" for e in cfg.epsilons))
     console.print(table)
-    console.print(f"wrote {out_dir / 'accounting_comparison.png'} and .json in {result['seconds']:.0f}s")
+    console.print(f"wrote {out / 'accounting_comparison.png'} and .json in {result['seconds']:.0f}s")

@@ -37,14 +37,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import optimize
 import torch.nn.functional as F
+from scipy import optimize
 from torch import nn
 
 from dpfl.dpsgd.core import clipped_grad_sum, noisy_gradient
 from dpfl.errors import ConfigError
-from dpfl.privacy.calibration import analytic_gaussian_delta, analytic_gaussian_sigma, calibrate_sigma, epsilon_for
-from dpfl.privacy.composition import advanced_composition, basic_composition, dp_to_zcdp, gaussian_zcdp, zcdp_to_dp
+from dpfl.privacy.calibration import (
+    analytic_gaussian_delta,
+    analytic_gaussian_sigma,
+    calibrate_sigma,
+    epsilon_for,
+)
+from dpfl.privacy.composition import (
+    advanced_composition,
+    basic_composition,
+    dp_to_zcdp,
+    gaussian_zcdp,
+    zcdp_to_dp,
+)
 from dpfl.rng import Seeds
 
 METHODS = ("nc", "ac", "zcdp", "rdp", "pld")
@@ -119,7 +130,7 @@ def noise_multiplier(method: str, epsilon: float, delta: float, epochs: int, n: 
 
 def gaussian_epsilon(sigma: float, delta: float) -> float:
     """Smallest ε at which the Gaussian mechanism (noise σ, sensitivity 1) is (ε, δ)-DP (exact)."""
-    f = lambda e: analytic_gaussian_delta(sigma, e) - delta  # noqa: E731  (decreasing in e)
+    f = lambda e: analytic_gaussian_delta(sigma, e) - delta
     if f(0.0) <= 0:
         return 0.0
     hi = 1.0
@@ -188,7 +199,7 @@ def train(kind: str, x: torch.Tensor, y: torch.Tensor, k: int, cfg: Config, sigm
 def evaluate(model: nn.Module, xtr, ytr, xte, yte) -> dict:
     ltr = F.cross_entropy(model(xtr), ytr, reduction="none")
     lte = F.cross_entropy(model(xte), yte, reduction="none")
-    acc = lambda x, y: float((model(x).argmax(1) == y).float().mean())  # noqa: E731
+    acc = lambda x, y: float((model(x).argmax(1) == y).float().mean())
     return {"train_acc": acc(xtr, ytr), "test_acc": acc(xte, yte), "membership_advantage": yeom_advantage(ltr, lte)}
 
 
@@ -205,7 +216,7 @@ def load_data(cfg: Config, seed: int):
     from dpfl.data.images import load_fashion_mnist
 
     ds = load_fashion_mnist(cfg.data_root, seed=seed, n_train=cfg.n_train, n_test=cfg.n_test)
-    flat = lambda t: t.reshape(t.shape[0], -1).float()  # noqa: E731
+    flat = lambda t: t.reshape(t.shape[0], -1).float()
     return flat(ds.x_train), ds.y_train, flat(ds.x_test), ds.y_test, ds.num_classes
 
 
@@ -256,7 +267,7 @@ def summarise(runs: list[dict]) -> dict:
         key = "baseline" if r["method"] == "none" else str(r["epsilon"])
         out.setdefault(r["model"], {}).setdefault(r["method"], {}).setdefault(key, []).append(r)
     for model in out.values():
-        for method, by_eps in model.items():
+        for by_eps in model.values():
             for key, rs in by_eps.items():
                 by_eps[key] = {m: float(np.mean([r[m] for r in rs])) for m in
                                ("test_acc", "train_acc", "membership_advantage", "accuracy_loss") if m in rs[0]}
@@ -286,7 +297,7 @@ def plot(result: dict, path: str | Path) -> None:
         axes[0, j].set_title(f"{titles[model]} (non-private test acc {base['test_acc']:.3f})")
         for i, ylabel in enumerate(("accuracy loss", "membership advantage (Yeom)")):
             axes[i, j].set_xscale("log")
-            axes[i, j].set_xlabel("ε (δ = %g)" % result["config"]["delta"])
+            axes[i, j].set_xlabel(f"ε (δ = {result['config']['delta']:g})")
             axes[i, j].set_ylabel(ylabel)
             axes[i, j].grid(alpha=0.3)
         axes[0, j].legend(fontsize=8)

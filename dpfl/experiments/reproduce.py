@@ -62,20 +62,25 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     base = out / (table + (f"-{accountant}" if accountant else ""))
     results = []
     for row in chosen:
-        cfg = load_config(all_rows[row], sets)
         run_dir = base / row
-        summary_file = run_dir / "summary.json"
-        if summary_file.is_file():
-            s = json.loads(summary_file.read_text())
-            if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
-                console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
-                results.append({"row": row, "summary": s, "dir": str(run_dir)})
-                continue
-        if (run_dir / "checkpoint.pt").is_file():
-            sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds)
-            console.print(f"{row}: resuming at round {sim.round}")
-        else:
-            sim = Simulation(cfg, run_dir, log=console.print)
+        try:
+            cfg = load_config(all_rows[row], sets)
+            summary_file = run_dir / "summary.json"
+            if summary_file.is_file():
+                s = json.loads(summary_file.read_text())
+                if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
+                    console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
+                    results.append({"row": row, "summary": s, "dir": str(run_dir)})
+                    continue
+            if (run_dir / "checkpoint.pt").is_file():
+                sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds)
+                console.print(f"{row}: resuming at round {sim.round}")
+            else:
+                sim = Simulation(cfg, run_dir, log=console.print)
+        except ConfigError as e:  # e.g. a scheme that refuses the requested accountant: skip the row
+            console.print(f"[yellow]{row}: skipped: {e}[/yellow]")
+            results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
+            continue
         console.print(f"{row}: {sim.scheme.describe()}")
         s = execute(sim, row)
         results.append({"row": row, "summary": s, "dir": str(run_dir)})
@@ -84,38 +89,61 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     (base / "results.json").write_text(json.dumps(compare, indent=2))
     from dpfl.experiments.report import load_run, write_plots
 
-    write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in results], base, console)
+    ran = [r for r in results if "skipped" not in r["summary"]]
+    write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in ran], base, console)
     return compare
+
+
+EXTRA = (("source_accuracy", "source acc"), ("attack_success", "attack success"))
 
 
 def print_comparison(table: str, thesis: dict, results: list[dict], console: Console) -> list[dict]:
     unit = thesis.get("_table", {}).get("unit", "KB")
     scale = UNITS[unit]
-    t = Table(title=f"{table}: measured vs thesis (costs in {unit} per client, at the best round)")
-    for c in ("row", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
-              f"formula up {unit}", f"thesis up {unit}", "ε", "thesis ε"):
+    t = Table(title=f"{table}: measured vs thesis (costs: cumulative {unit} per client of the population, "
+                    "at the best round)")
+    extra = [(k, label) for k, label in EXTRA
+             if any(k in ((r["summary"].get("best") or {})) or k in thesis.get(r["row"], {}) for r in results)]
+    cols = ["row", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
+            f"formula up {unit}", f"thesis up {unit}", f"down {unit}", f"thesis down {unit}", "ε", "thesis ε"]
+    for _, label in extra:
+        cols += [label, f"thesis {label}"]
+    for c in cols:
         t.add_column(c, justify="left" if c in ("row", "metric") else "right")
     out = []
+
+    def f(v, p=4):
+        return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+
     for r in results:
         th = thesis.get(r["row"], {})
+        if "skipped" in r["summary"]:
+            out.append({"row": r["row"], "skipped": r["summary"]["skipped"], "dir": r["dir"]})
+            t.add_row(r["row"], "skipped", *["-"] * (len(cols) - 2))
+            continue
         b = r["summary"].get("best") or {}
         key = b.get("metric", "accuracy")
         meas = b.get(key)
         ref = th.get(key, th.get("accuracy"))
-        up = b.get("cum_up_bytes_per_client")
-        fup = b.get("formula_up_bytes_per_client")
+
+        def per(k):
+            v = b.get(k)
+            return None if v is None else v / scale
+
         row = {"row": r["row"], "metric": key, "measured": meas, "thesis": ref, "round": b.get("round"),
-               "thesis_round": th.get("round"), "up": None if up is None else up / scale,
-               "formula_up": None if fup is None else fup / scale, "thesis_up": th.get("up"),
+               "thesis_round": th.get("round"), "up": per("cum_up_bytes_per_client"),
+               "formula_up": per("formula_up_bytes_per_client"), "thesis_up": th.get("up"),
+               "down": per("cum_down_bytes_per_client"), "thesis_down": th.get("down"),
                "epsilon": b.get("epsilon"), "thesis_epsilon": th.get("epsilon"), "dir": r["dir"],
                "rounds_run": r["summary"].get("rounds_run")}
+        cells = [r["row"], key, f(meas), f(ref), "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
+                 f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
+                 f(row["thesis_up"], 2), f(row["down"], 2), f(row["thesis_down"], 2), f(row["epsilon"], 3),
+                 f(row["thesis_epsilon"], 2)]
+        for k, _ in extra:
+            row[k], row[f"thesis_{k}"] = b.get(k), th.get(k)
+            cells += [f(b.get(k)), f(th.get(k))]
         out.append(row)
-
-        def f(v, p=4):
-            return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
-
-        t.add_row(r["row"], key, f(meas), f(ref), "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
-                  f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
-                  f(row["thesis_up"], 2), f(row["epsilon"], 3), f(row["thesis_epsilon"], 2))
+        t.add_row(*cells)
     console.print(t)
     return out

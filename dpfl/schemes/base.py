@@ -66,6 +66,15 @@ class RoundContext:
     ledger: Any = None
     metrics: dict[str, float] = field(default_factory=dict)  # steps add scalars here
     malicious: np.ndarray | None = None  # bool [k] set by an attack; honest steps may ignore it
+    omit_noise: np.ndarray | None = None  # bool [k]: attackers that drop their DP noise share (§6.3)
+
+    # k: the clients whose rows make up this round's sum; 0 = len(cohort). A deployed client
+    # (dpfl.flower) runs the chain on its own row only: cohort = [its id], answering = k.
+    answering: int = 0
+
+    def k(self) -> int:
+        """The number of clients in this round's sum (noise shares are calibrated on it)."""
+        return self.answering or len(self.cohort)
 
     def numpy_rng(self, *purpose: object) -> np.random.Generator:
         return self.seeds.numpy("round", self.round, *purpose)

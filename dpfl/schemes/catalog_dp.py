@@ -19,7 +19,8 @@ Options shared by all (see docs/dp-schemes.md):
   tolerate          l, client failures after masking the noise still covers.
   noise             "distributed" (secure aggregation) | "central" | "local".
   secure_aggregation, neighbours, threshold, drop_after_masking, frac_bits: secure sum options
-                    (secure_aggregation = false simulates distributed noise without masking:
+                    (secure_aggregation defaults to true for distributed noise, false otherwise;
+                    false with distributed noise simulates it without masking:
                     the server then sees weakly-noised rows; the stated ε assumes masking).
 """
 
@@ -126,6 +127,8 @@ def _clip_step(name: str, clip: float | str, compress: list[Step], auto: Callabl
 
 def _transport(noise_step, noise: str, secure_aggregation: bool, neighbours, threshold, drop_after_masking,
                frac_bits, plain_codec=None) -> Transport:
+    if secure_aggregation is None:  # default: on exactly for distributed noise
+        secure_aggregation = noise == "distributed"
     if not isinstance(secure_aggregation, bool):
         raise ConfigError(f"secure_aggregation must be true or false, got {secure_aggregation!r}")
     secagg_opts = {"neighbours": neighbours, "threshold": threshold, "frac_bits": frac_bits}
@@ -135,7 +138,7 @@ def _transport(noise_step, noise: str, secure_aggregation: bool, neighbours, thr
     if drop_after_masking:
         raise ConfigError("drop_after_masking needs distributed noise with secure aggregation")
     if noise != "distributed" and secure_aggregation:
-        raise ConfigError(f"noise = {noise!r} sends rows in plain; set secure_aggregation = false "
+        raise ConfigError(f"noise = {noise!r} sends rows in plain: secure_aggregation must be false "
                           "(secure aggregation goes with distributed noise)")
     set_opts = [k for k, v in secagg_opts.items() if v is not None]
     if set_opts:
@@ -174,7 +177,7 @@ def _median_auto(compress: list[Step], clip_clients):
 @register("fl-std-dp", "FL-STD-DP (thesis Alg. 10): clip to S, Gaussian noise shares, secure sum, mean")
 def fl_std_dp(n_params, cohort_size, sampling_rate, rounds, privacy, sigma: float | None = None,
               epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
-              noise: str = "distributed", secure_aggregation: bool = True, neighbours: int | None = None,
+              noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
               threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
               clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
     compress: list[Step] = []
@@ -188,7 +191,7 @@ def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float
              lam: float = 1e-5, server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000,
              tol: float = 3e-3, sigma: float | None = None, epsilon: float | None = None,
              clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
-             secure_aggregation: bool = True, neighbours: int | None = None, threshold: int | None = None,
+             secure_aggregation: bool | None = None, neighbours: int | None = None, threshold: int | None = None,
              drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
              clip_epsilon: float = 0.1) -> Scheme:
     compress: list[Step] = [CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol)]
@@ -199,7 +202,7 @@ def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float
 @register("fl-rnd-dp", "FL-RND-DP (Alg. 12): a fresh shared random m-subset, clip, noise, secure sum")
 def fl_rnd_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
               sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
-              tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool = True,
+              tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool | None = None,
               neighbours: int | None = None, threshold: int | None = None, drop_after_masking: float = 0.0,
               frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
     compress: list[Step] = [RandomSubsetStep(ratio)]
@@ -210,7 +213,7 @@ def fl_rnd_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: floa
 @register("fl-freq-dp", "FL-FREQ-DP (Alg. 13): first m DCT coefficients, clip, noise, secure sum, low-pass")
 def fl_freq_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
                sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
-               tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool = True,
+               tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool | None = None,
                neighbours: int | None = None, threshold: int | None = None, drop_after_masking: float = 0.0,
                frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
     compress: list[Step] = [LowPassDCTStep(ratio)]
@@ -222,7 +225,7 @@ def fl_freq_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: flo
 def fl_top_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005, init_steps: int = 5,
               init_lr: float = 0.215, task: str = "multiclass", sigma: float | None = None,
               epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
-              noise: str = "distributed", secure_aggregation: bool = True, neighbours: int | None = None,
+              noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
               threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
               clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
     top = TopKStep(ratio, init_steps, init_lr, task)
@@ -234,7 +237,7 @@ def fl_top_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: floa
 def fl_basic_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005,
                 clip_repeats: int = 100, sigma: float | None = None, epsilon: float | None = None,
                 clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
-                secure_aggregation: bool = True, neighbours: int | None = None, threshold: int | None = None,
+                secure_aggregation: bool | None = None, neighbours: int | None = None, threshold: int | None = None,
                 drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
                 clip_epsilon: float = 0.1) -> Scheme:
     sub = RandomSubsetStep(ratio, mask_training=True)
@@ -256,7 +259,7 @@ def _common(args: dict[str, Any]) -> dict[str, Any]:
                         "γ·sign of the sum")
 def fl_sign_dp(n_params, cohort_size, sampling_rate, rounds, privacy, gamma: float = 0.005,
                sigma: float | None = None, epsilon: float | None = None, tolerate: int = 0,
-               noise: str = "distributed", secure_aggregation: bool = True, neighbours: int | None = None,
+               noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
                threshold: int | None = None, drop_after_masking: float = 0.0) -> Scheme:
     _sigma_or_epsilon("fl-sign-dp", sigma, epsilon)
     check_placement(noise)

@@ -33,7 +33,7 @@ class CompressiveSensingStep(Step):
     name = "cs"
 
     def __init__(self, ratio: float, chunks: int = 200, lam: float = 1e-5, server_lr: float = 0.35,
-                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 3e-3):
+                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2):
         if not server_lr > 0:
             raise ConfigError(f"FL-CS global learning rate η_G must be > 0, got {server_lr}")
         if not 0 <= momentum < 1:

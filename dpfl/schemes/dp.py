@@ -37,6 +37,7 @@ noise; ``dp_noise_shares`` in the metrics counts the rows that did.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -92,18 +93,28 @@ def _omitted(ctx: RoundContext, k: int) -> np.ndarray:
 
 def clip_rows(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray]:
     """Per-row L2 clip û = u / max(1, ‖u‖/S), computed in float64 and guaranteed ‖û‖ ≤ S after
-    the cast back. Returns (û, bool [k] rows that were scaled)."""
-    x = u.detach().to(torch.float64)
-    norms = x.norm(dim=1)
+    the cast back. A row with NaN or ±inf (diverged local training) becomes 0, so every input
+    lands in the S-ball. Returns (û, bool [k] rows that were scaled or zeroed)."""
+    x = u.detach()
+    bad = ~torch.isfinite(x).all(dim=1)
+    if bool(bad.any()):
+        x = x.clone()
+        x[bad] = 0
+    norms = _row_norms(x)
     over = norms > bound
     factor = torch.where(over, bound / norms.clamp_min(1e-300), torch.ones_like(norms))
-    out = (x * factor[:, None]).to(u.dtype)
-    for _ in range(8):  # rounding of the cast can leave a norm a few ulps above S
-        bad = out.to(torch.float64).norm(dim=1) > bound
-        if not bool(bad.any()):
-            return out, over.cpu().numpy()
-        out[bad] = (out[bad].to(torch.float64) * (1 - 1e-6)).to(u.dtype)
+    out = x * factor.to(x.dtype)[:, None]
+    for _ in range(8):  # float rounding can leave a norm a few ulps above S
+        high = _row_norms(out) > bound
+        if not bool(high.any()):
+            return out, (over | bad).cpu().numpy()
+        out[high] *= 1 - 1e-6
     raise RuntimeError("clipping did not converge")  # unreachable for finite inputs
+
+
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """L2 norm of each row, accumulated in float64 one row at a time (bounded memory)."""
+    return torch.stack([row.to(torch.float64).norm() for row in x]) if len(x) else torch.zeros(0, dtype=torch.float64)
 
 
 class Clip(Step):
@@ -130,6 +141,9 @@ class Clip(Step):
             raise ConfigError(f"clipping needs real-valued updates, got {u.dtype}")
         out, over = clip_rows(u, self.bound)
         ctx.metrics["dp_clip_fraction"] = float(over.mean()) if over.size else 0.0
+        nonfinite = int((~torch.isfinite(u).all(dim=1)).sum())
+        if nonfinite:
+            ctx.metrics["dp_nonfinite_rows"] = nonfinite
         ctx.metrics["dp_clip_bound"] = self.bound
         return out
 
@@ -200,20 +214,23 @@ class GaussianNoise(Step):
         return full if self.noise == "local" else 0.0
 
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
-        k = u.shape[0]
+        k = ctx.k()
         if self.noise == "central":
             return u
+        t0 = time.perf_counter()
         std = self.share_std(k)
         skip = _omitted(ctx, k)
-        out = u.detach().to("cpu", torch.float64).numpy().copy()
-        for i, c in enumerate(ctx.cohort):
+        out = u.detach().to("cpu").clone()
+        for i, c in enumerate(ctx.cohort):  # row by row: bounded float64 memory
             if not skip[i]:
-                out[i] += gaussian_noise(out.shape[1], std, ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+                z = gaussian_noise(out.shape[1], std, ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+                out[i] = (out[i].to(torch.float64) + torch.from_numpy(z)).to(out.dtype)
         if self.noise == "local":
             self.participation.record(np.asarray(ctx.cohort))
         ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
         ctx.metrics["dp_share_std"] = std
-        return torch.from_numpy(out).to(u.device, u.dtype)
+        ctx.metrics["dp_noise_seconds"] = time.perf_counter() - t0
+        return out.to(u.device)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         if self.noise != "central":
@@ -269,20 +286,27 @@ class DiscreteGaussianShare(Step):
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         if u.is_floating_point():
             raise ConfigError(f"the discrete Gaussian share needs integer sign rows, got {u.dtype}")
-        k, n = u.shape
-        mu = u.detach().to("cpu", torch.int64).numpy()
+        n = u.shape[1]
+        k = ctx.k()
+        mu = u.detach().to("cpu").numpy()
         if self.noise == "central":
-            return torch.from_numpy(mu).to(u.device)
+            return u
+        t0 = time.perf_counter()
         xi = self.share_std(n, k)
         skip = _omitted(ctx, k)
-        out = mu.copy()
-        for i, c in enumerate(ctx.cohort):
+        out = mu.astype(np.int32)  # int32 rows: half the memory of int64 (checked, never wrapped)
+        for i, c in enumerate(ctx.cohort):  # row by row: bounded int64 memory
             if not skip[i]:
-                out[i] = discrete_gaussian(mu[i], xi, ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+                z = discrete_gaussian(mu[i].astype(np.int64), xi,
+                                      ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+                if z.size and max(-int(z.min()), int(z.max())) > np.iinfo(np.int32).max:
+                    raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")
+                out[i] = z
         if self.noise == "local":
             self.participation.record(np.asarray(ctx.cohort))
         ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
         ctx.metrics["dp_share_std"] = xi
+        ctx.metrics["dp_noise_seconds"] = time.perf_counter() - t0
         return torch.from_numpy(out).to(u.device)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:

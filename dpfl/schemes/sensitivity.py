@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from dpfl.compression.subset import random_subset
 from dpfl.engine.sampling import local_positions
 from dpfl.errors import ConfigError
 from dpfl.privacy import PureDPEvent
@@ -115,12 +116,13 @@ def public_topk(ctx: SetupContext, indices: torch.Tensor) -> tuple[float, str]:
 
 
 def public_random(ctx: SetupContext, k: int, repeats: int = 100) -> tuple[float, str]:
-    """FL-BASIC-DP: median over `repeats` random K-subsets of the public-batch update norm."""
+    """FL-BASIC-DP: median over `repeats` random K-subsets of the public-batch update norm
+    (subset j = `random_subset(n, k, ctx.seeds.numpy("dp-clip", "subset", j))`)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"clip_repeats must be an integer ≥ 1, got {repeats!r}")
     norms = []
     for j in range(repeats):
-        idx = torch.from_numpy(np.sort(ctx.seeds.numpy("dp-clip", "subset", j).choice(ctx.n_params, k, replace=False)))
+        idx = random_subset(ctx.n_params, k, ctx.seeds.numpy("dp-clip", "subset", j))
         mask = torch.zeros(ctx.n_params, dtype=torch.bool, device=ctx.device)
         mask[idx.to(ctx.device)] = True
         u = _public_update(ctx, mask, ("subset-train", j))
@@ -136,10 +138,15 @@ def dp_quantile(values: np.ndarray, epsilon: float, rng, p: float = 0.5, lo: flo
     if not 0 < lo < hi or grid < 2:
         raise ConfigError(f"need 0 < lo < hi and grid ≥ 2, got lo={lo}, hi={hi}, grid={grid}")
     cand = np.geomspace(lo, hi, grid)
+    util = quantile_utility(values, cand, p)
+    return float(cand[exponential_mechanism(util, epsilon, max(p, 1 - p), rng)])
+
+
+def quantile_utility(values: np.ndarray, cand: np.ndarray, p: float) -> np.ndarray:
+    """u(c) = −|(1−p)·#{v ≤ c} − p·#{v > c}|: adding or removing one value moves it by ≤ max(p, 1−p)."""
     v = np.sort(np.asarray(values, dtype=np.float64))
     below = np.searchsorted(v, cand, side="right")
-    util = -np.abs((1 - p) * below - p * (v.size - below))
-    return float(cand[exponential_mechanism(util, epsilon, max(p, 1 - p), rng)])
+    return -np.abs((1 - p) * below - p * (v.size - below))
 
 
 def private_median(ctx: SetupContext, steps: Sequence[Step], epsilon: float,

@@ -40,7 +40,10 @@ class SignStep(Step):
             self._vote_nbytes = int(SignCodec().encode(vote).per_client_nbytes()[0])
 
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
-        return _sign(u, ctx.numpy_rng("sign", "client-zeros"))
+        # ties drawn per client (row i is client ctx.cohort[i]): a deployed client holding its
+        # own row draws what the simulator draws for it
+        return torch.cat([_sign(u[i : i + 1], ctx.numpy_rng("sign", "client-zeros", int(c)))
+                          for i, c in enumerate(ctx.cohort)]) if len(ctx.cohort) else u.to(torch.int8)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         vote = _sign(agg, ctx.numpy_rng("sign", "server-ties"))

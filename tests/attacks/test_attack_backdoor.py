@@ -3,8 +3,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from attack_helpers import tiny_config
+
 from dpfl.attacks.backdoor import predict
 from dpfl.engine.simulator import Simulation, build_federation
 from dpfl.errors import ConfigError, DataError

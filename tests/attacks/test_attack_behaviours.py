@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from attack_helpers import fl_sign, round_ctx, tiny_config
 from scipy import stats
 
-from attack_helpers import fl_sign, round_ctx, tiny_config
 from dpfl.attacks.registry import build_attack
 from dpfl.config import AttackConfig
 from dpfl.engine.simulator import Simulation
@@ -93,8 +93,9 @@ def test_sign_boost_replaces_malicious_rows_after_the_chain():
     s = (torch.randint(0, 2, (k, n)) * 2 - 1).to(torch.int8)  # FL-SIGN(-DP without noise) output
     ctx = round_ctx(k, n, malicious=np.array([False, True, False, True]))
     a = attack("sign-inversion", 0.5, omit_noise=True, sign_boost=5000)
-    a.select(ctx)
-    assert ctx.omit_noise is True  # the flag DP noise steps read
+    bad = a.select(ctx)
+    assert np.array_equal(ctx.omit_noise, bad) and bad.sum() == 2  # the rows DP noise steps skip
+    ctx.malicious = np.array([False, True, False, True])
     out = a.after_chain(s, ctx)
     assert out.dtype == torch.int64
     assert torch.equal(out[[1, 3]], 5000 * s[[1, 3]].long()) and torch.equal(out[[0, 2]], s[[0, 2]].long())
@@ -219,3 +220,46 @@ def test_boosted_signs_cannot_pass_fl_sign_one_bit_transport():
     rec = PlainTransport().transmit(boosted.float(), ctx)
     assert torch.equal(SumAggregator()(rec, ctx).sign(), s[0].float())
     assert torch.equal(build_aggregator("sign-vote", {})(rec, ctx), s[1:].sum(0).float())
+
+
+def test_omitted_noise_and_boosted_signs_take_over_fl_sign_dp_but_not_fl_sign():
+    """Thesis §6.3 at one round: the attacker's noiseless η_Adv·sign row rides through the secure
+    sum of FL-SIGN-DP and decides the vote; FL-SIGN's 1-bit transport leaves it a single vote."""
+    from dpfl.compression.bits import SignCodec
+    from dpfl.schemes.dp import DiscreteGaussianShare, SecureSum
+    from dpfl.schemes.sign import SignStep
+    from dpfl.schemes.transport import PlainTransport, SumAggregator
+
+    k, n = 10, 2000
+    u = torch.randn(k, n, generator=torch.Generator().manual_seed(5))
+    a = attack("sign-inversion", 0.1, omit_noise=True, sign_boost=400)  # 13-bit ring: |value| ≤ 409
+    ctx = round_ctx(k, n)
+    ctx.malicious = a.select(ctx)
+    bad = int(np.flatnonzero(ctx.malicious)[0])
+    sent = torch.where(a.tamper(u.clone(), ctx)[bad] > 0, 1.0, -1.0)  # the attacker's (inverted) signs
+
+    def agreement(steps, transport):
+        x = a.tamper(u.clone(), ctx)
+        for s in steps:
+            x = s.client(x, ctx)
+        rec = transport.transmit(a.after_chain(x, ctx), ctx)
+        delta = steps[0].server(SumAggregator()(rec, ctx), ctx)
+        return float((delta.sign() == sent).double().mean())
+
+    share = DiscreteGaussianShare(sigma=1.0, q=0.1)
+    dp = agreement([SignStep(0.01), share], SecureSum(share))
+    assert ctx.metrics["dp_noise_shares"] == k - 1  # the attacker added no share
+    plain = agreement([SignStep(0.01)], PlainTransport(SignCodec()))
+    assert dp > 0.99 and plain < 0.75
+
+
+def test_in_backdoor_against_fl_sign_dp_end_to_end():
+    att = {"name": "in-backdoor", "fraction": 0.1,
+           "options": {"source": 5, "target": 7, "omit_noise": True, "sign_boost": 100}}
+    cfg = tiny_config(attack=att, rounds=8)
+    cfg.scheme.name, cfg.scheme.options = "fl-sign-dp", {"gamma": 0.01, "sigma": 1.0}
+    sim = Simulation(cfg, None, log=lambda s: None)
+    ms = [sim.step_round() for _ in range(8)]
+    assert all(m["step_dp_noise_shares"] == 9 for m in ms)
+    assert all(m["source_accuracy"] == 0 for m in ms)  # thesis Tables 6.9 / 6.10: 0 on the source class
+    assert ms[-1]["attack_success"] > 0.7 and ms[-1]["accuracy"] > 0.3

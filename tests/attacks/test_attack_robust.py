@@ -3,9 +3,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from attack_helpers import round_ctx
 from scipy import stats
 
-from attack_helpers import round_ctx
 from dpfl.attacks import robust
 from dpfl.errors import ConfigError
 from dpfl.schemes.aggregators import build_aggregator

@@ -17,6 +17,7 @@ from dpfl.classic._common import to_unit_ball
 from dpfl.classic.functional import (
     FunctionalLinearRegression,
     FunctionalLogisticRegression,
+    monomial_sums,
     monomials,
     quad_group_bound,
     quadratic_from_monomials,
@@ -29,7 +30,6 @@ from dpfl.privacy.rdp import DEFAULT_ORDERS
 
 def record_l1(z, t, lin, quad, cols=None, pairs=None):
     """L1 norm of one record's objective coefficients (optionally a group of them)."""
-    d = z.shape[0]
     c_lin = np.abs(lin * t * z)
     c_quad = np.abs(quad * monomials(z[None, :])[0])
     if cols is not None:
@@ -68,7 +68,7 @@ def test_relevance_group_bounds_by_brute_force():
     assert masses.max() <= bound_quad + 1e-12
     # the bound is attained at the top eigenvector of [[s, sqrt(sw)], [sqrt(sw), 0]]
     w = d - s
-    ev, V = np.linalg.eigh(np.array([[s, math.sqrt(s * w)], [math.sqrt(s * w), 0.0]]))
+    _, V = np.linalg.eigh(np.array([[s, math.sqrt(s * w)], [math.sqrt(s * w), 0.0]]))
     p, q = np.abs(V[:, -1])
     zstar = np.concatenate([np.full(s, p / math.sqrt(s)), np.full(w, q / math.sqrt(w))])
     assert np.abs(monomials(zstar[None])[0])[touch].sum() == pytest.approx(bound_quad, rel=1e-12)
@@ -77,6 +77,7 @@ def test_relevance_group_bounds_by_brute_force():
 def test_monomials_round_trip():
     rng = np.random.default_rng(2)
     z = rng.normal(size=(5, 4))
+    np.testing.assert_allclose(monomial_sums(z), monomials(z).sum(0), rtol=1e-12)
     Q = quadratic_from_monomials(monomials(z).sum(0), 4)
     np.testing.assert_allclose(Q, z.T @ z, rtol=1e-12)
 
@@ -182,7 +183,7 @@ def test_shared_ledger_budget_refuses_second_fit(cancer):
 
 
 def test_federated_matches_pooled_and_is_reproducible(diabetes):
-    Xtr, Xte, ytr, _, b, yb = diabetes
+    Xtr, _, ytr, _, b, yb = diabetes
     parts = np.array_split(np.arange(len(ytr)), 3)
     clients = [(Xtr[p], ytr[p]) for p in parts]
     calls = []

@@ -173,3 +173,16 @@ def test_bad_config_is_a_clear_error(tmp_path):
     r = CliRunner().invoke(app, ["run", str(cfg)])
     assert r.exit_code == 2 and "mode" in r.output
     assert CliRunner().invoke(app, ["run", str(tmp_path / "missing.toml")]).exit_code == 2
+
+
+def test_shipped_configs_validate():
+    from pathlib import Path
+
+    from dpfl.collab.config import load_config
+
+    root = Path(__file__).resolve().parents[2] / "dpfl" / "collab" / "configs"
+    sweep = load_config(root / "fedcollab-fmnist.toml")
+    assert sweep.collab.workers == [10, 12, 14, 16, 18, 20] and sweep.collab.epochs == 5
+    assert (sweep.data.n_train, sweep.data.n_test) == (32000, 10000)
+    gen = load_config(root / "generate-fmnist.toml")
+    assert gen.generate is not None and gen.generate.n_public < gen.data.n_test

@@ -5,7 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpfl.compression.bits import (
-    SignCodec, UIntCodec, pack_signs, pack_uint, packed_nbytes, random_sign, unpack_signs, unpack_uint,
+    SignCodec,
+    UIntCodec,
+    pack_signs,
+    pack_uint,
+    packed_nbytes,
+    random_sign,
+    unpack_signs,
+    unpack_uint,
 )
 from dpfl.errors import ConfigError, DataError, DpflError, ProtocolError
 

@@ -267,3 +267,24 @@ def test_cli_train_digits():
         ],
     )
     assert bad.exit_code == 2 and "exactly one" in bad.output
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")
+def test_bench_measures_both_implementations_on_the_same_batch():
+    from dpfl.dpsgd.bench import run_bench
+
+    out = run_bench(
+        model="mlp",
+        model_options={"in_features": 784, "hidden": [16]},
+        batch_size=8,
+        steps=2,
+        print_table=False,
+    )
+    assert out["params"] == 784 * 16 + 16 + 16 * 10 + 10 and out["batch_size"] == 8
+    assert len(out["step_seconds"]["dpfl"]) == 2 and out["examples_per_s"]["dpfl"] > 0
+    try:
+        import opacus  # noqa: F401
+    except ImportError:
+        assert "not available" in out["opacus"]
+    else:
+        assert out["speedup_vs_opacus"] == out["examples_per_s"]["dpfl"] / out["examples_per_s"]["opacus"]

@@ -6,8 +6,7 @@ import pytest
 from dp_accounting import dp_event, rdp
 from dp_accounting.pld import privacy_loss_distribution as pld
 
-from dpfl.errors import ConfigError, DataError
-from dpfl.errors import BudgetExceededError
+from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.privacy.ledger import Budget, Ledger
 from dpfl.privacy.rdp import DEFAULT_ORDERS
 from dpfl.stats import SuLQ, conf, posterior_confidence

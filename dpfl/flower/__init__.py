@@ -1,0 +1,13 @@
+"""dpfl on Flower's deployment runtime (SuperLink, SuperNodes, `flwr run`).
+
+    dpfl.flower.server:app   the ServerApp: a `coordinator.Coordinator` over Flower's Grid
+    dpfl.flower.client:app   the ClientApp: one client's training, client chain and its side
+                             of the secure sum (`party.Party`)
+    wire                     the records the messages carry
+    loopback                 the same handlers in process (tests, dry runs)
+    appdir, certs, local     the Flower App for a config, TLS and node keys, a local federation
+    cli                      `dpfl flower certs | app | local`; bench: `dpfl bench flower`
+
+See docs/deployment.md. Importing this package imports nothing heavy: a ClientApp process
+loads only what its message needs.
+"""

@@ -1,0 +1,110 @@
+"""`dpfl flower ...`: credentials, the Flower App for a config, and a local federation."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from dpfl.errors import DpflError
+
+app = typer.Typer(help="Run dpfl configs on Flower's deployment runtime (SuperLink, SuperNodes, flwr run).",
+                  no_args_is_help=True)
+console = Console(width=140)
+
+
+@app.callback()
+def _group() -> None:
+    """Deployment over Flower."""
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[red]error:[/red] {e}")
+    raise typer.Exit(2)
+
+
+def _config_text(config: Path, overrides: list[str]) -> str:
+    """The config as TOML text, validated, with --set overrides applied."""
+    from dpfl.config import dump_config, load_config
+
+    cfg = load_config(config, overrides)
+    return dump_config(cfg) if overrides else config.read_text()
+
+
+@app.command("certs")
+def certs_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="directory for ca.crt, server.pem, server.key (and node keys)")],
+    host: Annotated[list[str] | None, typer.Option(help="SuperLink host name or IP in the certificate "
+                                                         "(repeat; default 127.0.0.1 and localhost)")] = None,
+    nodes: int = typer.Option(0, help="also write SuperNode authentication keys node-0 .. node-(N-1)"),
+    days: int = typer.Option(365, help="certificate lifetime in days"),
+) -> None:
+    """Self-signed CA and SuperLink TLS certificate (and SuperNode keys) for local use."""
+    from dpfl.flower import certs
+
+    try:
+        d = certs.make_tls(out_dir, tuple(host or ("127.0.0.1", "localhost")), days)
+        if nodes:
+            certs.make_node_keys(out_dir, nodes)
+    except DpflError as e:
+        _fail(e)
+    console.print(f"wrote {d / certs.CA_CERT}, {d / certs.SERVER_CERT}, {d / certs.SERVER_KEY}"
+                  + (f" and node-0 .. node-{nodes - 1} (+ .pub)" if nodes else ""))
+
+
+@app.command("app")
+def app_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="the Flower App directory to write (then: flwr run DIR CONNECTION)")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="dpfl run config (TOML)")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key, e.g. "
+                                                                 "--set federation.rounds=5")] = None,
+    results: str = typer.Option("", help="directory where the ServerApp writes metrics, model and summary"),
+    reproducible: bool = typer.Option(False, help="server randomness from the config seed (tests; not private)"),
+    timeout: float = typer.Option(300.0, help="seconds to wait for each phase's replies"),
+) -> None:
+    """Write the Flower App (a pyproject.toml) that runs a dpfl config."""
+    from dpfl.flower.appdir import write_app
+
+    try:
+        d = write_app(out_dir, _config_text(config, set_ or []), out_dir=results, reproducible=reproducible,
+                      timeout=timeout)
+    except (DpflError, OSError) as e:
+        _fail(e)
+    console.print(f"wrote {d / 'pyproject.toml'}; run it with: flwr run {d} <connection> --stream")
+
+
+@app.command("local")
+def local_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="dpfl run config (TOML); one SuperNode per client")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key, e.g. "
+                                                                 "--set federation.rounds=5")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="where the app, certificates, logs and results go "
+                                                      "(default: a new temporary directory)")] = None,
+    tls: bool = typer.Option(True, help="TLS between SuperNodes and the SuperLink (self-signed CA)"),
+    auth: bool = typer.Option(False, help="SuperNode authentication (registered EC P-384 keys; needs TLS)"),
+    reproducible: bool = typer.Option(False, help="seed all randomness from the config (NOT private): the "
+                                                  "result then equals `dpfl run` and is compared with it"),
+    timeout: float = typer.Option(1800.0, help="seconds the whole run may take"),
+) -> None:
+    """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
+    from dpfl.flower.bench import compare, table
+    from dpfl.flower.local import run_local
+
+    try:
+        text = _config_text(config, set_ or [])
+        work = workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
+        if reproducible:
+            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, log=console.print)
+            table(res, console)
+            console.print(f"final model equals the simulator's: {res['equal']} (max |Δw| = {res['max_abs_diff']:.3g})")
+        else:
+            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, log=console.print)
+            for m in res["metrics"]:
+                console.print(m)
+    except DpflError as e:
+        _fail(e)
+    console.print(f"run {res['run_seconds']:.1f} s (startup {res['startup_seconds']:.1f} s); results in "
+                  f"{Path(work) / 'out'}; logs in {res['logs']}")

@@ -1,0 +1,229 @@
+"""The ClientApp: a SuperNode's client answers the server's messages.
+
+Message types (content records in `wire`):
+
+    query              hello: client id, data size, the scheme it built; for secure schemes also
+                       its two X25519 public keys of every round (advertised ahead of time)
+    train              a plain round: train, client chain, codec payload
+    train.sa_train     secure sum, phase 1: train, client chain, encode in Z_(2^b) (kept on the
+                       node); Shamir shares of the round's mask key and self-mask seed,
+                       encrypted to its neighbours
+    train.sa_mask      phase 2: the masked input y = x + masks mod 2^b
+    train.sa_unmask    phase 3: the shares the server needs to remove the masks of the survivors
+
+The secrets stay in the node's `context.state` (never sent): a 32-byte node secret from which
+each round's key (`party.round_key`) and thus `party.Party` are rebuilt, the encoded row, and the
+messages of earlier phases. Phases come in order and once each; a round key is never used for
+two rounds, and the round's state is deleted after unmasking, so a client never answers two
+unmask requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from dpfl.errors import ConfigError, ProtocolError
+from dpfl.flower import wire
+from dpfl.flower.party import Party, plan_digest, round_key, round_public_keys
+
+# The training code (torch, the engine, the schemes) is imported only by the handlers that
+# train: a ClientApp process serves one message, and the masking and unmasking phases need
+# none of it.
+
+log = logging.getLogger("dpfl.flower")
+
+CONFIG_KEY = "dpfl-config"  # run config key holding the dpfl TOML text
+NODE = "dpfl_node"  # context.state: the node secret and the last round it took part in
+STATE = "dpfl_secagg"  # context.state: the current secure-sum round
+WORDS = "dpfl_words"  # context.state: this round's encoded row
+
+
+def run_config_text(run_config: Mapping[str, Any]) -> str:
+    text = run_config.get(CONFIG_KEY)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"the Flower run config needs {CONFIG_KEY!r}: the dpfl TOML text (see `dpfl flower app`)")
+    return text
+
+
+def parse_run_config(text: str):
+    """The dpfl `RunConfig` in the run config's TOML text."""
+    from dpfl.config import load_config
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"run config {CONFIG_KEY!r} is not valid TOML: {e}") from None
+    return load_config(data=data)
+
+
+def local_client(node_config: Mapping[str, Any], run_config: Mapping[str, Any]):
+    """This node's `node.LocalClient`, built afresh for every message as a deployed ClientApp
+    process is: client steps keep no state between rounds (the server holds the scheme's state)."""
+    from dpfl.flower.node import LocalClient, NodeSettings
+
+    cfg = parse_run_config(run_config_text(run_config))
+    return LocalClient(cfg, NodeSettings.parse(node_config, cfg.data.n_clients))
+
+
+# ---------------------------------------------------------------- handlers (plain functions)
+
+
+def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    c = local_client(node_config, run_config)
+    if c.node.seeded:
+        log.warning("client %d: dpfl-seeded = true: its randomness comes from the config seed, reproducible "
+                    "and NOT private (tests only)", c.cid)
+    reply = ConfigRecord({"cid": c.cid, "size": c.size, "describe": c.scheme.describe(), "seeded": c.node.seeded})
+    if c.scheme.transport.secure:
+        if NODE not in state:
+            state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0})
+        keys = round_public_keys(state[NODE]["secret"], c.cfg.federation.rounds)
+        reply["enc_pk"], reply["mask_pk"] = [k[0] for k in keys], [k[1] for k in keys]
+    return RecordDict({wire.REPLY: reply})
+
+
+def _train(content: RecordDict, node_config: Mapping, run_config: Mapping):
+    import torch
+
+    c = local_client(node_config, run_config)
+    plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
+    u, ctx = c.update(plan, w)
+    return c, plan, u, ctx
+
+
+def train_plain(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    c, _, u, ctx = _train(content, node_config, run_config)
+    transport = c.scheme.transport
+    if transport.secure or not hasattr(transport, "codec"):
+        raise ConfigError(f"transport {transport.name!r} is not a plain codec transport")
+    payload = transport.codec.encode(u, ctx.numpy_rng("encode"))
+    return RecordDict({wire.PAYLOAD: wire.payload_record(payload), wire.REPLY: ConfigRecord({"d": int(u.shape[1])})})
+
+
+def _phase_state(state: RecordDict, plan: wire.RoundPlan, expect: str) -> ConfigRecord:
+    if STATE not in state:
+        raise ProtocolError(f"round {plan.round}: no secure-sum state on this node (phase after {expect!r} out of "
+                            "order or repeated)")
+    st = state[STATE]
+    if st["round"] != plan.round or st["digest"] != plan_digest(plan):
+        raise ProtocolError(f"round {plan.round}: the plan differs from the one this client trained on")
+    if st["phase"] != expect:
+        raise ProtocolError(f"round {plan.round}: phase after {expect!r} requested, this client is after {st['phase']!r}")
+    if (plan.secagg["d"], plan.secagg["bits"]) != (st["d"], st["bits"]):
+        raise ProtocolError(f"round {plan.round}: the server's d, b = {plan.secagg['d']}, {plan.secagg['bits']} differ "
+                            f"from this client's {st['d']}, {st['bits']}")
+    return st
+
+
+def _round_key(state: RecordDict, r: int) -> bytes:
+    if NODE not in state:
+        raise ProtocolError(f"round {r}: this node has not advertised keys (no hello this run)")
+    node = state[NODE]
+    if r <= node["last_round"]:
+        raise ProtocolError(f"round {r}: this client already took part in round {node['last_round']}; "
+                            "a round's keys are used once")
+    node["last_round"] = r
+    return round_key(node["secret"], r)
+
+
+def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    from dpfl.flower.node import check_round_config, encode_words, round_secagg
+
+    c, plan, u, ctx = _train(content, node_config, run_config)
+    k, d = plan.answering, int(u.shape[1])
+    if k != len(plan.cohort):
+        raise ProtocolError(f"round {plan.round}: a secure sum over {len(plan.cohort)} clients must calibrate on k = "
+                            f"{len(plan.cohort)}, the plan says {k}")
+    sa = round_secagg(c.scheme.transport, k, d)
+    words, bits = encode_words(sa, u, k, ctx.numpy_rng("secagg-round"))
+    rc = plan.round_config(d, bits)
+    check_round_config(sa, rc)
+    keys = wire.read_keys(content["keys"])
+    share = Party(rc, plan.index, _round_key(state, plan.round)).share(keys)
+    st = ConfigRecord({"round": plan.round, "digest": plan_digest(plan), "phase": "shared", "d": d, "bits": bits})
+    for name, value in wire.keys_record(keys).items():
+        st["keys_" + name] = value
+    state[STATE] = st
+    state[WORDS] = ArrayRecord({"w": Array(np.ascontiguousarray(words[0]))})
+    return RecordDict({wire.SECAGG: wire.share_record(share), wire.REPLY: ConfigRecord({"d": d, "bits": bits})})
+
+
+def _stored_keys(st: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
+    return wire.read_keys(ConfigRecord({n: st["keys_" + n] for n in ("ids", "enc_pk", "mask_pk")}))
+
+
+def _party(state: RecordDict, plan: wire.RoundPlan) -> Party:
+    return Party(plan.round_config(), plan.index, round_key(state[NODE]["secret"], plan.round))
+
+
+def sa_mask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    st = _phase_state(state, plan, "shared")
+    inbox = wire.read_inbox(content["inbox"])
+    msg = _party(state, plan).masked(_stored_keys(st), inbox, state[WORDS]["w"].numpy())
+    st["phase"] = "masked"
+    st["inbox_ids"], st["inbox_ct"] = wire.inbox_record(inbox)["ids"], wire.inbox_record(inbox)["ct"]
+    del state[WORDS]
+    return RecordDict({wire.SECAGG: wire.masked_record(msg)})
+
+
+def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    st = _phase_state(state, plan, "masked")
+    request = wire.read_request(content["request"])
+    del state[STATE]  # answer at most once, whatever happens next
+    inbox = wire.read_inbox(ConfigRecord({"ids": st["inbox_ids"], "ct": st["inbox_ct"]}))
+    msg = _party(state, plan).unmask(_stored_keys(st), inbox, request)
+    return RecordDict({wire.SECAGG: wire.unmask_record(msg)})
+
+
+Handler = Callable[[RecordDict, RecordDict, Mapping, Mapping], RecordDict]
+HANDLERS: dict[str, Handler] = {
+    "query": hello,
+    "train": train_plain,
+    "train.sa_train": sa_train,
+    "train.sa_mask": sa_mask,
+    "train.sa_unmask": sa_unmask,
+}
+
+# ---------------------------------------------------------------- the Flower ClientApp
+
+app = ClientApp()
+
+
+def _answer(kind: str, msg: Message, context: Context) -> Message:
+    content = HANDLERS[kind](msg.content, context.state, context.node_config, context.run_config)
+    return Message(content, reply_to=msg)
+
+
+@app.query()
+def _hello(msg: Message, context: Context) -> Message:
+    return _answer("query", msg, context)
+
+
+@app.train()
+def _train_plain(msg: Message, context: Context) -> Message:
+    return _answer("train", msg, context)
+
+
+@app.train("sa_train")
+def _sa_train(msg: Message, context: Context) -> Message:
+    return _answer("train.sa_train", msg, context)
+
+
+@app.train("sa_mask")
+def _sa_mask(msg: Message, context: Context) -> Message:
+    return _answer("train.sa_mask", msg, context)
+
+
+@app.train("sa_unmask")
+def _sa_unmask(msg: Message, context: Context) -> Message:
+    return _answer("train.sa_unmask", msg, context)

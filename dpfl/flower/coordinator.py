@@ -1,0 +1,330 @@
+"""The server side of a deployed run: the simulator's round, with the clients reached by messages.
+
+`Coordinator` builds a `Simulation` for the model, scheme, selection, ledger and evaluation and
+runs its round with the client work done remotely:
+
+    selection (the simulator's) → privacy events and budget check (as the simulator)
+    → plain:  "train" → each client's codec payload → codec.decode → Received(rows)
+      secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask" → "train.sa_unmask"
+              → `secagg.protocol.Server.finish` → Received(sum); the round's public keys were
+              advertised in the hello, so a round costs three exchanges
+    → the scheme's aggregator → server chain (reversed) → w ← w + Δ → ledger, metrics, evaluation.
+
+It talks to clients through an `Exchange` (send one content per node, collect the replies);
+`dpfl.flower.server` gives it Flower's Grid, `dpfl.flower.loopback` an in-process one.
+A round whose secure sum cannot complete (too few clients at some phase) releases nothing:
+the model stays as it was and no privacy event is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from dpfl.config import RunConfig
+from dpfl.engine.evaluate import evaluate
+from dpfl.engine.simulator import METRICS, SUMMARY, Simulation
+from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
+from dpfl.flower import wire
+from dpfl.flower.node import OsSeeds, decode_sum, round_secagg
+from dpfl.schemes.base import Received, RoundContext
+from dpfl.secagg.prg import default_workers
+from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server
+from dpfl.secagg.simulate import make_config
+
+MODEL = "model.pt"
+
+
+@dataclass
+class Reply:
+    content: RecordDict | None  # None when the client answered with an error
+    error: str | None
+    up_nbytes: int  # serialized size of the reply
+    down_nbytes: int  # serialized size of the message the server sent
+
+
+Exchange = Callable[[str, dict[int, RecordDict], float], dict[int, Reply]]
+
+
+class Coordinator:
+    """One deployed run. `Coordinator(cfg, exchange, nodes).run()`."""
+
+    def __init__(self, cfg: RunConfig, exchange: Exchange, nodes: list[int], out_dir: str | Path | None = None,
+                 reproducible: bool = False, timeout: float = 300.0, log: Callable[[str], None] = print):
+        if cfg.attack is not None and cfg.attack.name != "none":
+            raise ConfigError("attacks are simulation-only; remove the [attack] section to deploy")
+        self.cfg, self.exchange, self.timeout, self.log = cfg, exchange, float(timeout), log
+        self.reproducible = reproducible
+        self.out = Path(out_dir) if out_dir else None
+        self.sim = Simulation(cfg, None, log)
+        if not reproducible:  # selection, server-side ties and central noise from the OS
+            self.sim.seeds = OsSeeds()
+        self.sim._setup()
+        self.scheme = self.sim.scheme
+        if getattr(self.scheme.transport, "drop_after_masking", 0.0):
+            log("note: drop_after_masking simulates failures; over Flower only real failures happen")
+        self.nodes = list(nodes)
+        self.node_of: dict[int, int] = {}
+        self.sizes = np.zeros(cfg.data.n_clients, dtype=np.int64)
+        self.round_keys: dict[int, list[tuple[bytes, bytes]]] = {}  # client → (enc, mask) public keys per round
+        self.history: list[dict[str, Any]] = []
+        self.bytes = {"up": 0, "down": 0}  # serialized message bytes of the current round
+
+    # ---- setup ----------------------------------------------------------------------
+    def hello(self) -> None:
+        """Learn which client each node holds and its data size; check they built the same scheme."""
+        n = self.cfg.data.n_clients
+        if len(self.nodes) != n:
+            raise ConfigError(f"{len(self.nodes)} nodes connected but data.n_clients = {n}: one node per client")
+        replies = self.exchange("query", {node: RecordDict() for node in self.nodes}, self.timeout)
+        want = self.scheme.describe()
+        seeded = set()
+        secure = self.scheme.transport.secure
+        for node in self.nodes:
+            rep = replies.get(node)
+            if rep is None or rep.content is None:
+                raise ProtocolError(f"node {node} did not answer the hello: {rep.error if rep else 'timeout'}")
+            h = wire.read_hello(rep.content, self.cfg.federation.rounds, secure)
+            cid = h["cid"]
+            if not 0 <= cid < n or cid in self.node_of:
+                raise ConfigError(f"node {node} claims partition-id {cid}: ids must be distinct, in [0, {n})")
+            if h["describe"] != want:
+                raise ConfigError(f"client {cid} built {h['describe']!r}, the server {want!r}: configs differ")
+            self.node_of[cid], self.sizes[cid], self.round_keys[cid] = node, h["size"], h["keys"]
+            seeded.add(h["seeded"])
+        if self.reproducible and seeded != {True}:
+            self.log("note: reproducible server but unseeded clients: results will not match the simulator")
+        if not self.reproducible and True in seeded:
+            self.log("WARNING: some clients run with dpfl-seeded = true: their noise is derivable from the seed")
+
+    # ---- one round ------------------------------------------------------------------
+    def context(self, r: int, cohort: np.ndarray, n_selected: int) -> RoundContext:
+        sim = self.sim
+        return RoundContext(round=r, n_params=sim.flat.n, cohort=cohort, n_selected=n_selected,
+                            weights=torch.from_numpy(self.sizes[cohort].astype(np.float32)).to(sim.device),
+                            seeds=sim.seeds, device=sim.device, global_params=sim.w,
+                            n_clients=self.cfg.data.n_clients, cohort_size=self.cfg.cohort_size(), ledger=sim.ledger)
+
+    def plan(self, ctx: RoundContext, cohort: np.ndarray, index: int, secagg: dict | None = None) -> ConfigRecord:
+        sizes = self.sizes[cohort]
+        if self.scheme.full_batch:
+            steps, batch = 1, int(sizes.max())
+        else:
+            steps, batch = self.sim.local.steps, self.sim.local.batch_size
+        return wire.RoundPlan(round=ctx.round, cohort=[int(c) for c in cohort], sizes=[int(s) for s in sizes],
+                              index=index, answering=len(cohort), n_selected=ctx.n_selected, steps=steps,
+                              batch=batch, describe=self.scheme.describe(), secagg=secagg or {}).to_record()
+
+    def step_round(self) -> dict[str, Any]:
+        sim, cfg = self.sim, self.cfg
+        r = sim.round + 1
+        t0 = time.perf_counter()
+        cohort, dropped = sim._cohort(r)
+        n_selected = len(cohort) + len(dropped)
+        ctx = self.context(r, cohort, n_selected)
+        events = [e for s in self.scheme.steps for e in s.privacy_events(ctx)]
+        if sim.ledger is not None:
+            for e in events:
+                if sim.ledger.would_exceed(e):
+                    raise BudgetExceededError(f"round {r} would exceed privacy.target_epsilon = "
+                                              f"{cfg.privacy.target_epsilon}")
+        m: dict[str, Any] = {"round": r, "selected": n_selected}
+        self.bytes = {"up": 0, "down": 0}
+        released = False
+        if len(cohort):
+            try:
+                rec = self.secure(ctx, cohort) if self.scheme.transport.secure else self.plain(ctx, cohort)
+            except RoundAborted as e:
+                self.log(f"round {r}: {e}; nothing released, the model is unchanged")
+                m["aborted"] = str(e)
+            else:
+                agg = self.scheme.aggregator(rec, ctx)
+                for s in reversed(self.scheme.steps):
+                    agg = s.server(agg, ctx)
+                if agg.shape != (sim.flat.n,):
+                    raise RuntimeError(f"scheme {self.scheme.name} produced a server update of shape "
+                                       f"{tuple(agg.shape)}, expected ({sim.flat.n},)")
+                sim.w = sim.w + agg.to(sim.w.dtype)
+                released = True
+                m["answered"] = int(rec.count)
+                m["up_bytes"] = int(np.asarray(rec.upstream_bytes).sum())
+        if sim.ledger is not None and (released or not len(cohort)):  # as the simulator; an aborted
+            for e in events:  # round released nothing and costs nothing
+                sim.ledger.add(e)
+        sim.round = r
+        m["down_bytes"] = self.scheme.downstream_bytes(ctx) * n_selected
+        m["flower_up_bytes"], m["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
+        m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
+        if sim.ledger is not None:
+            m["epsilon"] = sim.ledger.epsilon(cfg.privacy.delta)
+        if r % cfg.eval.every == 0 or r == cfg.federation.rounds:
+            sim.flat.load_into(sim.model, sim.w)
+            m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
+        m["round_seconds"] = round(time.perf_counter() - t0, 4)
+        return m
+
+    def send(self, kind: str, contents: dict[int, RecordDict]) -> dict[int, Reply]:
+        """Send, count bytes, and keep the replies that carry content (errors are logged: dropped)."""
+        replies = self.exchange(kind, contents, self.timeout)
+        out = {}
+        for node in contents:
+            rep = replies.get(node)
+            if rep is None:
+                self.log(f"{kind}: node {node} did not answer within {self.timeout:.0f} s (dropped)")
+                continue
+            self.bytes["up"] += rep.up_nbytes
+            self.bytes["down"] += rep.down_nbytes
+            if rep.content is None:
+                self.log(f"{kind}: node {node} failed: {rep.error} (dropped)")
+            else:
+                out[node] = rep
+        return out
+
+    def read(self, r: int, cid: int, rep: Reply | None, parse: Callable[[RecordDict], Any]) -> Any:
+        """Parse one client's reply (None if it sent none); a malformed one is logged and its
+        sender treated as dropped."""
+        if rep is None:
+            return None
+        try:
+            return parse(rep.content)
+        except (ProtocolError, KeyError) as e:
+            self.log(f"round {r}: rejected client {cid}: {e}")
+            return None
+
+    def plain(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
+        model = wire.vector_record(self.sim.w.detach().cpu().numpy())
+        contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), wire.MODEL: model})
+                    for i, c in enumerate(cohort)}
+        replies = self.send("train", contents)
+        codec = self.scheme.transport.codec
+        payloads, dims = [], set()
+        for c in cohort:
+            got = self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
+                            lambda m: (wire.read_payload(m), wire.read_shape(m, False)[0]))
+            if got:
+                payloads.append(got[0])
+                dims.add(got[1])
+        if not payloads:
+            raise RoundAborted(f"round {ctx.round}: no client answered")
+        if len(dims) != 1:
+            raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
+        payload = wire.stack_payloads(payloads)
+        rows = codec.decode(payload, dims.pop()).to(self.sim.device)
+        return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
+                        upstream_bytes=payload.per_client_nbytes())
+
+    def secure(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
+        r, k = ctx.round, len(cohort)
+        transport = self.scheme.transport
+        probe = round_secagg(transport, k, self.sim.flat.n)  # graph and threshold do not depend on d
+        seed = self.sim.seeds.seed("round", r, "secagg") if self.reproducible else None
+        shape = make_config(k, 1, 8, threshold=probe.threshold, neighbours=probe.neighbours,
+                            min_survivors=max(1, k - probe.max_dropouts), rng_seed=seed, round_id=r)
+        graph = dict(shape.neighbours)
+        sec = {"bits": 0, "d": 0, "threshold": shape.threshold, "min_survivors": shape.min_survivors, "graph": graph}
+        node_at = {i: self.node_of[int(c)] for i, c in enumerate(cohort)}
+        adv = {i: AdvertiseKeys(i, r, *self.round_keys[int(c)][r - 1]) for i, c in enumerate(cohort)}
+        model = wire.vector_record(self.sim.w.detach().cpu().numpy())
+
+        def contents(ids, extra: Callable[[int], dict]) -> dict[int, RecordDict]:
+            return {node_at[i]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i, sec), **extra(i)}) for i in ids}
+
+        # phase 1: train, encode, share keys with the neighbours (keys advertised in the hello)
+        neighbour_keys = {i: {v: (adv[v].enc_pk, adv[v].mask_pk) for v in graph[i]} for i in range(k)}
+        replies = self.send("train.sa_train", contents(range(k), lambda i: {
+            wire.MODEL: model, "keys": wire.keys_record(neighbour_keys[i])}))
+        got = {}
+        for i in range(k):
+            parsed = self.read(r, int(cohort[i]), replies.get(node_at[i]),
+                               lambda m: (wire.read_shape(m, True), wire.read_share(m[wire.SECAGG])))
+            if parsed:
+                got[i] = parsed
+        if not got:
+            raise RoundAborted(f"round {r}: no client answered")
+        dims = {shape for shape, _ in got.values()}
+        if len(dims) > 1:
+            raise ProtocolError(f"round {r}: clients disagree on (d, b): {sorted(dims)}")
+        d, bits = dims.pop()
+        sa = round_secagg(transport, k, d)
+        if sa.round_bits(k) != bits:
+            raise ProtocolError(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
+        sec.update(bits=bits, d=d)
+        server = Server(RoundConfig(r, k, d, bits, shape.neighbours, shape.threshold, shape.min_survivors),
+                        workers=default_workers())
+        proto = np.array([adv[i].wire_nbytes for i in range(k)], dtype=np.int64)  # sent with the hello
+
+        def take(i: int, msg: Any) -> bool:
+            try:
+                if msg.sender != i:
+                    raise ProtocolError(f"node at position {i} signed its message as client {msg.sender}")
+                server.receive(msg)
+            except ProtocolError as e:
+                self.log(f"round {r}: rejected client {int(cohort[i])}: {e}")
+                return False
+            return True
+
+        for i in range(k):
+            server.receive(adv[i])
+        if server.close_advertise() != neighbour_keys:
+            raise RuntimeError("the protocol server's key sets differ from those sent")  # cannot happen
+        for i, (_, msg) in got.items():
+            if take(i, msg):
+                proto[i] += msg.wire_nbytes
+        inbox = server.close_shares()
+        # phase 2: masked inputs
+        replies = self.send("train.sa_mask", contents(sorted(inbox), lambda i: {"inbox": wire.inbox_record(inbox[i])}))
+        sent = np.zeros(k, dtype=np.int64)
+        for i in sorted(inbox):
+            msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_masked(m[wire.SECAGG], d))
+            if msg and take(i, msg):
+                sent[i] = msg.wire_nbytes
+        request = server.close_masked()
+        # phase 3: unmasking
+        req = wire.request_record(request)
+        replies = self.send("train.sa_unmask", contents(sorted(request.survivors), lambda i: {"request": req}))
+        for i in sorted(request.survivors):
+            msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_unmask(m[wire.SECAGG]))
+            if msg and take(i, msg):
+                proto[i] += msg.wire_nbytes
+        total = server.finish()
+        ctx.metrics["secagg_bits"] = float(bits)
+        ctx.metrics["secagg_survivors"] = float(len(request.survivors))
+        ctx.metrics["secagg_protocol_bytes"] = float(proto.mean())
+        return Received(rows=None, total=decode_sum(sa, total, bits).to(self.sim.device),
+                        count=len(request.survivors), upstream_bytes=sent)
+
+    # ---- driving --------------------------------------------------------------------
+    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        self.hello()
+        if self.out:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / METRICS).write_text("")
+        while self.sim.round < self.cfg.federation.rounds:
+            try:
+                m = self.step_round()
+            except BudgetExceededError as e:
+                self.sim.stopped_reason = str(e)
+                self.log(f"stopping: {e}")
+                break
+            self.history.append(m)
+            if self.out:
+                with open(self.out / METRICS, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+            if on_round:
+                on_round(m)
+        summary = {"name": self.cfg.name, "scheme": self.scheme.name, "describe": self.scheme.describe(),
+                   "rounds_run": self.sim.round, "stopped": self.sim.stopped_reason,
+                   "epsilon_final": None if self.sim.ledger is None else self.sim.ledger.epsilon(self.cfg.privacy.delta),
+                   "reproducible": self.reproducible}
+        if self.out:
+            torch.save({"round": self.sim.round, "w": self.sim.w.cpu()}, self.out / MODEL)
+            (self.out / SUMMARY).write_text(json.dumps(summary, indent=2))
+        return summary

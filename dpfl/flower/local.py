@@ -1,0 +1,328 @@
+"""A federation on this machine: one SuperLink, N SuperNodes and `flwr run`, over loopback.
+
+    with LocalFederation(workdir, nodes=3, tls=True) as fed:
+        fed.run(app_dir, timeout=600)
+
+Each component is its own process, started exactly as the documented commands start them
+(`commands()` lists them); Flower's telemetry and update check are switched off. On exit every
+process is stopped, together with the processes Flower started under it (SuperExec, ServerApp,
+ClientApps): first SIGTERM, then SIGKILL after a grace period. Logs go to `workdir/logs`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+from dpfl.errors import ConfigError, DpflError
+from dpfl.flower import certs
+
+CONNECTION = "dpfl-local"
+
+
+class FederationError(DpflError, RuntimeError):
+    """A local federation component failed to start or a run failed."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """`pids` and every process below them (Linux /proc; elsewhere just `pids`)."""
+    kids, out, todo = _children(), [], list(pids)
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.append(p)
+            todo.extend(kids.get(p, []))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) of `pids` and of the children they have waited for (Linux)."""
+    total = 0
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM `procs` and all their descendants, then SIGKILL whatever is left after `grace` s."""
+    pids = descendants([p.pid for p in procs if p.poll() is None])
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        pids = [pid for pid in pids if _alive(pid)]
+        if not pids:
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie has exited; only its parent's wait is missing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalFederation:
+    """SuperLink + `nodes` SuperNodes on 127.0.0.1 (free ports), optionally with TLS and
+    SuperNode authentication. `node_config(i)` adds keys to node i's --node-config (its
+    partition-id = i and num-partitions = nodes are always set)."""
+
+    def __init__(self, workdir: str | Path, nodes: int, *, tls: bool = False, auth: bool = False,
+                 seeded: bool = False, node_config: dict[int, dict[str, object]] | None = None,
+                 log=print):
+        if nodes < 1:
+            raise ConfigError(f"a federation needs at least one SuperNode, got nodes = {nodes}")
+        if auth and not tls:
+            raise ConfigError("SuperNode authentication needs TLS (Flower refuses it over an insecure channel)")
+        self.dir = Path(workdir).absolute()
+        self.n, self.tls, self.auth, self.seeded = nodes, tls, auth, seeded
+        self.extra = node_config or {}
+        self.log = log
+        self.procs: list[subprocess.Popen] = []
+        self.port = 0
+        self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
+        self._cpu_done = 0.0  # of `flwr run` processes that have ended
+        self.env = {**os.environ, "FLWR_HOME": str(self.dir / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+    # ---- commands -------------------------------------------------------------------
+    @property
+    def certs_dir(self) -> Path:
+        return self.dir / "certs"
+
+    def _tls_args(self, server: bool) -> list[str]:
+        c = self.certs_dir
+        if not self.tls:
+            return ["--insecure"]
+        if server:
+            return ["--ssl-ca-certfile", str(c / certs.CA_CERT), "--ssl-certfile", str(c / certs.SERVER_CERT),
+                    "--ssl-keyfile", str(c / certs.SERVER_KEY)]
+        return ["--root-certificates", str(c / certs.CA_CERT)]
+
+    def node_config(self, i: int) -> str:
+        items: dict[str, object] = {"partition-id": i, "num-partitions": self.n}
+        if self.seeded:
+            items["dpfl-seeded"] = True
+        items.update(self.extra.get(i, {}))
+        return " ".join(f"{k}={_toml(v)}" for k, v in items.items())
+
+    def superlink_command(self) -> list[str]:
+        cmd = ["flower-superlink", *self._tls_args(True), "--host", "127.0.0.1", "--port", str(self.port),
+               "--disable-runtime-dependency-installation"]
+        return cmd + (["--enable-supernode-auth"] if self.auth else [])
+
+    def supernode_command(self, i: int, runtime_port: int) -> list[str]:
+        cmd = ["flower-supernode", *self._tls_args(False), "--superlink", f"127.0.0.1:{self.port}",
+               "--port", str(runtime_port), "--node-config", self.node_config(i)]
+        if self.auth:
+            cmd += ["--auth-supernode-private-key", str(self.certs_dir / f"node-{i}")]
+        return cmd
+
+    def run_command(self, app_dir: str | Path, run_config: str | None = None) -> list[str]:
+        cmd = ["flwr", "run", str(Path(app_dir).absolute()), CONNECTION, "--stream"]
+        return cmd + (["--run-config", run_config] if run_config else [])
+
+    def commands(self, app_dir: str | Path = "APP_DIR") -> list[str]:
+        """The shell commands this federation runs, in order (for docs and logs)."""
+        lines = [shlex.join(self.superlink_command())]
+        if self.auth:
+            lines += [shlex.join(["flwr", "supernode", "register", str(self.certs_dir / f"node-{i}.pub"), CONNECTION])
+                      for i in range(self.n)]
+        lines += [shlex.join(self.supernode_command(i, 9094 + i)) for i in range(self.n)]
+        return lines + [shlex.join(self.run_command(app_dir))]
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
+        logs = self.dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "wb") as out:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
+                                 start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def _write_connection(self) -> None:
+        home = self.dir / "flwr-home"
+        home.mkdir(parents=True, exist_ok=True)
+        conn = f'address = "127.0.0.1:{self.port}"\n'
+        conn += f'root-certificates = "{self.certs_dir / certs.CA_CERT}"\n' if self.tls else "insecure = true\n"
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n{conn}')
+
+    def _wait_healthy(self, proc: subprocess.Popen, timeout: float) -> None:
+        scheme = "https" if self.tls else "http"
+        ctx = ssl.create_default_context(cafile=str(self.certs_dir / certs.CA_CERT)) if self.tls else None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise FederationError(f"flower-superlink exited with code {proc.returncode}; see "
+                                      f"{self.dir / 'logs' / 'superlink.log'}")
+            try:
+                with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=1, context=ctx) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise FederationError(f"the SuperLink did not answer /health within {timeout:.0f} s")
+
+    def start(self, timeout: float = 60.0) -> LocalFederation:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            certs.make_tls(self.certs_dir)
+        if self.auth:
+            certs.make_node_keys(self.certs_dir, self.n)
+        self.port = free_port()
+        self._write_connection()
+        link = self._spawn(self.superlink_command(), "superlink")
+        self._wait_healthy(link, timeout)
+        if self.auth:
+            for i in range(self.n):
+                pub = self.certs_dir / f"node-{i}.pub"
+                res = subprocess.run(["flwr", "supernode", "register", str(pub), CONNECTION], env=self.env,
+                                     cwd=self.dir, capture_output=True, text=True, timeout=timeout, check=False)
+                if res.returncode:
+                    raise FederationError(f"registering {pub.name} failed: {res.stdout}{res.stderr}")
+        for i in range(self.n):
+            self._spawn(self.supernode_command(i, free_port()), f"supernode-{i}")
+        self.log(f"federation up: SuperLink 127.0.0.1:{self.port} ({'TLS' if self.tls else 'insecure'}"
+                 f"{', node auth' if self.auth else ''}), {self.n} SuperNodes; logs in {self.dir / 'logs'}")
+        return self
+
+    def run(self, app_dir: str | Path, timeout: float = 600.0, run_config: str | None = None) -> str:
+        """`flwr run` the app and wait for the run to end; returns its streamed log."""
+        for p in self.procs:
+            if p.poll() is not None:
+                raise FederationError(f"{shlex.join(p.args[:1])} exited with code {p.returncode} before the run")
+        log_path = self.dir / "logs" / "run.log"
+        before = _children_cpu()
+        p = self._spawn(self.run_command(app_dir, run_config), "run")
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise FederationError(f"the run did not finish within {timeout:.0f} s; see {log_path}") from None
+        self._cpu_done += _children_cpu() - before
+        text = log_path.read_text(errors="replace")
+        if p.returncode:
+            raise FederationError(f"flwr run exited with code {p.returncode}:\n{text[-2000:]}")
+        return text
+
+    def stop(self) -> None:
+        live = [p.pid for p in self.procs if p.poll() is None]
+        self.cpu_seconds = cpu_seconds(descendants(live)) + self._cpu_done
+        stop_processes(self.procs)
+        self.procs.clear()
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _children_cpu() -> float:
+    """User + system time of this process's children that have been waited for (POSIX)."""
+    try:
+        import resource
+    except ImportError:
+        return 0.0
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _toml(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def run_local(config_text: str, workdir: str | Path, *, tls: bool = True, auth: bool = False,
+              reproducible: bool = False, data_paths: dict[int, str] | None = None, timeout: float = 1800.0,
+              log=print) -> dict:
+    """Run a dpfl config on a local federation (one SuperNode per client) and tear it down.
+
+    reproducible: seeded clients and server (the simulator's randomness: comparable with
+    `dpfl run` bit for bit, and NOT private). data_paths: client id → .npz file (else each
+    client takes its partition of the configured dataset). Returns the per-round metrics, the
+    summary, the final model `w`, the wall and CPU seconds of the run, and the commands used.
+    """
+    import json
+
+    import torch
+
+    from dpfl.engine.simulator import METRICS, SUMMARY
+    from dpfl.flower.appdir import write_app
+    from dpfl.flower.client import parse_run_config
+    from dpfl.flower.coordinator import MODEL
+
+    cfg = parse_run_config(config_text)
+    work = Path(workdir).absolute()
+    out = work / "out"
+    app_dir = write_app(work / "app", config_text, out_dir=str(out), reproducible=reproducible,
+                        timeout=min(timeout, 600.0))
+    extra = {i: {"data-path": str(Path(p).absolute())} for i, p in (data_paths or {}).items()}
+    fed = LocalFederation(work / "federation", cfg.data.n_clients, tls=tls, auth=auth, seeded=reproducible,
+                          node_config=extra, log=log)
+    t0 = time.perf_counter()
+    with fed:
+        t1 = time.perf_counter()
+        text = fed.run(app_dir, timeout=timeout)
+        t2 = time.perf_counter()
+    if not (out / SUMMARY).is_file():
+        raise FederationError(f"the ServerApp stopped before the end of the run; the run's log ends with:\n"
+                              f"{text[-3000:]}\n(all logs: {work / 'federation' / 'logs'})")
+    metrics = [json.loads(line) for line in (out / METRICS).read_text().splitlines() if line]
+    return {"metrics": metrics, "summary": json.loads((out / SUMMARY).read_text()),
+            "w": torch.load(out / MODEL, weights_only=True)["w"], "startup_seconds": t1 - t0,
+            "run_seconds": t2 - t1, "total_seconds": time.perf_counter() - t0, "cpu_seconds": fed.cpu_seconds,
+            "commands": fed.commands(app_dir), "logs": str(work / "federation" / "logs")}

@@ -1,0 +1,254 @@
+"""One deployed client: its own data, and the simulator's training core and client chain.
+
+A client trains exactly as `Simulation` does for one row of its cohort (`Trainer.train` on
+batches [1, T, B]), runs the scheme's client steps on that row, and encodes it for the
+transport: a codec payload, or words in Z_(2^b) for the secure sum, masked by its side of
+`dpfl.secagg.protocol` (`party.Party`).
+
+Randomness. By default every stream a client draws (local batches, sign ties, DP noise,
+secure-aggregation keys and seeds) is keyed from the OS (`OsSeeds`, `CryptoRNG()`), so nothing
+is derivable from the public config seed. A node started with `dpfl-seeded=true` draws them
+from the config seed instead, as the simulator does: runs become reproducible and comparable
+with `dpfl run` bit for bit, and the noise gives no privacy at all. Tests only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.config import RunConfig
+from dpfl.engine.sampling import local_positions
+from dpfl.engine.trainer import LocalTraining, Trainer
+from dpfl.errors import ConfigError, DataError, ProtocolError
+from dpfl.rng import CryptoRNG, Seeds, derive_key
+from dpfl.schemes.base import RoundContext, SetupContext, Transport
+from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.secagg import ring
+from dpfl.secagg.graph import default_threshold
+from dpfl.secagg.protocol import RoundConfig
+from dpfl.secagg.transport import SecAggTransport
+
+
+class OsSeeds(Seeds):
+    """`Seeds` for deployment: a root from the OS, and every crypto stream OS-keyed (256 bits)."""
+
+    def __init__(self) -> None:
+        super().__init__(int.from_bytes(os.urandom(8), "little") >> 1)
+
+    def crypto(self, *path: object) -> CryptoRNG:
+        return CryptoRNG()
+
+
+def scheme_env(cfg: RunConfig, n_params: int) -> dict[str, Any]:
+    """The run facts scheme builders take (the same dict `Simulation` passes)."""
+    return {"n_params": n_params, "cohort_size": cfg.cohort_size(), "n_clients": cfg.data.n_clients,
+            "train": cfg.train, "privacy": cfg.privacy, "seed": cfg.seed,
+            "sampling_rate": cfg.sampling_rate(), "rounds": cfg.federation.rounds,
+            "dropout": cfg.federation.dropout}
+
+
+def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
+    """The configured scheme, with the configured aggregator (as `Simulation` builds it)."""
+    env = scheme_env(cfg, n_params)
+    scheme = build_scheme(cfg.scheme.name, dict(cfg.scheme.options), env)
+    if cfg.scheme.aggregator:
+        from dpfl.schemes.aggregators import build_aggregator
+
+        scheme.aggregator = build_aggregator(cfg.scheme.aggregator, dict(cfg.scheme.aggregator_options), env)
+    return scheme
+
+
+def round_secagg(transport: Transport, k: int, d: int) -> SecAggTransport:
+    """The secure-aggregation transport of a round with k clients sending d values."""
+    if isinstance(transport, SecAggTransport):
+        return transport
+    per_round = getattr(transport, "round_transport", None)
+    if per_round is None:
+        raise ConfigError(f"secure transport {transport.name!r} cannot run over Flower; supported: "
+                          "SecAggTransport and transports with round_transport(k, d) (SecureSum)")
+    return per_round(k, d)
+
+
+def encode_words(sa: SecAggTransport, u: torch.Tensor, k: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """One client's rows [1, d] → (words in Z_(2^b), b) with the no-overflow bound of a k-client sum."""
+    bits = sa.round_bits(k)
+    if sa.encoding == "int":
+        return ring.encode_int(u, bits, bound=ring.client_bound(bits, k)), bits
+    return ring.encode_fixed(u, bits, sa.clip_range, sa.frac_bits, rng), bits
+
+
+def check_round_config(sa: SecAggTransport, rc: RoundConfig) -> None:
+    """A client's check that the server's secure-sum configuration is the one its own config
+    implies: the Shamir threshold, the minimum number of inputs in a released sum, and the
+    neighbour graph's degree (complete unless the scheme asks for SecAgg+ neighbours)."""
+    k = rc.n_clients
+    degree = min(len(v) for v in rc.neighbours.values())
+    sparse = sa.neighbours is not None and sa.neighbours < k - 1
+    want_degree = 2 * (sa.neighbours // 2) if sparse else k - 1
+    want_t = default_threshold(degree) if sa.threshold is None else int(sa.threshold)
+    want_min = max(1, k - sa.max_dropouts)
+    if degree != want_degree or rc.threshold != want_t or rc.min_survivors != want_min:
+        raise ProtocolError(f"round {rc.round_id}: the server's secure-sum configuration (degree {degree}, t = "
+                            f"{rc.threshold}, min_survivors = {rc.min_survivors}) differs from this client's "
+                            f"(degree {want_degree}, t = {want_t}, min_survivors = {want_min})")
+
+
+def decode_sum(sa: SecAggTransport, total: np.ndarray, bits: int) -> torch.Tensor:
+    """The unmasked sum in Z_(2^b) → int64 (integer encoding) or float64 (fixed point)."""
+    if sa.encoding == "int":
+        return torch.from_numpy(ring.centred_lift(total, bits))
+    return torch.from_numpy(ring.decode_fixed(total, bits, sa.frac_bits))
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a SuperNode's `--node-config` says about its client."""
+
+    cid: int  # partition-id: the client's id in the federation
+    data_path: str | None = None  # .npz with x, y (else: partition `cid` of the configured dataset)
+    seeded: bool = False  # dpfl-seeded: draw client randomness from the config seed (tests only)
+
+    @classmethod
+    def parse(cls, node_config: Mapping[str, Any], n_clients: int) -> NodeSettings:
+        allowed = ("partition-id", "num-partitions", "data-path", "dpfl-seeded")
+        pid = node_config.get("partition-id")
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < n_clients:
+            raise ConfigError(f"node config partition-id must be an integer in [0, {n_clients}) "
+                              f"(data.n_clients = {n_clients}), got {pid!r}; node config keys: {', '.join(allowed)}")
+        num = node_config.get("num-partitions", n_clients)
+        if num != n_clients:
+            raise ConfigError(f"node config num-partitions = {num!r} but the run config has data.n_clients = "
+                              f"{n_clients}; they must agree")
+        path = node_config.get("data-path")
+        if path is not None and not isinstance(path, str):
+            raise ConfigError(f"node config data-path must be a string path, got {path!r}")
+        seeded = node_config.get("dpfl-seeded", False)
+        if not isinstance(seeded, bool):
+            raise ConfigError(f"node config dpfl-seeded must be true or false, got {seeded!r}")
+        return cls(pid, path, seeded)
+
+
+def load_npz(path: str) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """A client's own data file: arrays x (features) and y (int labels), optional task string."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"client data file not found: {p}")
+    with np.load(p, allow_pickle=False) as z:
+        if "x" not in z or "y" not in z:
+            raise DataError(f"{p} must hold arrays 'x' and 'y', has {sorted(z.files)}")
+        x, y = z["x"], z["y"]
+        task = str(z["task"]) if "task" in z else "multiclass"
+    if len(x) != len(y) or len(y) == 0:
+        raise DataError(f"{p}: x has {len(x)} rows and y {len(y)}; need the same number, at least one")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{p}: labels y must be integers, got {y.dtype}")
+    if task not in ("multiclass", "binary"):
+        raise DataError(f"{p}: task must be 'multiclass' or 'binary', got {task!r}")
+    xt = torch.from_numpy(x if np.issubdtype(x.dtype, np.integer) else x.astype(np.float32))
+    return xt, torch.from_numpy(y.astype(np.int64)), task
+
+
+_federations: dict[str, Any] = {}
+
+
+def federation(cfg: RunConfig):
+    """The configured dataset, partitioned with the config seed exactly as the simulator does
+    (kept per process: several in-process clients share one copy)."""
+    from dpfl.engine.simulator import build_federation
+
+    key = repr((cfg.seed, cfg.data.model_dump(), cfg.run.device))
+    if key not in _federations:
+        _federations.clear()
+        _federations[key] = build_federation(cfg, Seeds(cfg.seed))
+    return _federations[key]
+
+
+class LocalClient:
+    """A client's data, model, trainer and scheme, built from the run config."""
+
+    def __init__(self, cfg: RunConfig, node: NodeSettings):
+        if cfg.attack is not None and cfg.attack.name != "none":
+            raise ConfigError("attacks are simulation-only; remove the [attack] section to deploy")
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.cfg, self.node, self.cid = cfg, node, node.cid
+        self.device = torch.device(cfg.run.device)
+        public_seeds = Seeds(cfg.seed)  # data partition and model structure: public, as in the simulator
+        self.seeds: Seeds = public_seeds if node.seeded else OsSeeds()
+        public = None
+        if node.data_path:
+            self.x, self.y, task = load_npz(node.data_path)
+        else:
+            fed = federation(cfg)
+            idx = torch.from_numpy(fed.clients[self.cid]).to(fed.x.device)
+            self.x, self.y, task, public = fed.x[idx], fed.y[idx], fed.task, fed.public
+        self.x, self.y = self.x.to(self.device), self.y.to(self.device)
+        self.size = len(self.y)
+        from dpfl.models import build_model
+
+        model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
+        self.n = sum(p.numel() for p in model.parameters())
+        self.scheme = build_run_scheme(cfg, self.n)
+        tc = cfg.train.model_dump()
+        tc.update(self.scheme.train_overrides)
+        self.trainer = Trainer(model, task, LocalTraining(**tc), mode="auto", max_cohort=cfg.run.max_cohort)
+        w0 = self.trainer.flat.flatten(model).to(self.device)
+        try:
+            self.scheme.setup(SetupContext(n_params=self.n, seeds=self.seeds, device=self.device, initial_params=w0,
+                                           model=model, trainer=self.trainer, public_data=public, clients=None,
+                                           n_clients=cfg.data.n_clients, cohort_size=cfg.cohort_size()))
+        except (AttributeError, TypeError) as e:
+            raise ConfigError(f"scheme {self.scheme.name!r} needs the federation's data to set up ({e}); "
+                              "it cannot be deployed as configured (give fixed values, e.g. a numeric clip)") from None
+
+    def check_plan(self, plan: Any) -> None:
+        if plan.cohort[plan.index] != self.cid:
+            raise ProtocolError(f"client {self.cid}: the plan puts client {plan.cohort[plan.index]} at index {plan.index}")
+        if plan.sizes[plan.index] != self.size:
+            raise ProtocolError(f"client {self.cid}: the plan says {plan.sizes[plan.index]} samples, it holds {self.size}")
+        if plan.describe != self.scheme.describe():
+            raise ProtocolError(f"client {self.cid}: the server runs {plan.describe!r}, this client built "
+                                f"{self.scheme.describe()!r}; configs differ")
+
+    def context(self, plan: Any, w: torch.Tensor) -> RoundContext:
+        ctx = RoundContext(round=plan.round, n_params=self.n, cohort=np.array([self.cid]), n_selected=plan.n_selected,
+                           weights=torch.tensor([float(self.size)], device=self.device), seeds=self.seeds,
+                           device=self.device, global_params=w, n_clients=self.cfg.data.n_clients,
+                           cohort_size=self.cfg.cohort_size(), ledger=None)
+        ctx.answering = plan.answering  # k: the rows of the sum (proposed RoundContext field, see docs)
+        return ctx
+
+    def update(self, plan: Any, w: torch.Tensor) -> tuple[torch.Tensor, RoundContext]:
+        """Local training and the client chain for this round: the client's row [1, d']."""
+        self.check_plan(plan)
+        ctx = self.context(plan, w)
+        mask = None
+        for s in self.scheme.steps:
+            m = s.train_mask(ctx)
+            if m is not None:
+                mask = m if mask is None else (mask & m)
+        rng = self.seeds.numpy("round", plan.round, "batches")
+        if self.node.seeded:  # the simulator's draw for the whole cohort, then this client's row
+            pos = local_positions(np.asarray(plan.sizes), plan.steps, plan.batch, rng)[plan.index]
+        else:
+            pos = local_positions(np.array([self.size]), plan.steps, plan.batch, rng)[0]
+        torch.manual_seed(self.seeds.seed("round", plan.round, "torch", self.cid))  # dropout layers
+        u = self.trainer.train(w, self.x, self.y, torch.from_numpy(pos[None]).to(self.device), mask)
+        for s in self.scheme.steps:
+            u = s.client(u, ctx)
+        if u.ndim != 2 or u.shape[0] != 1:
+            raise RuntimeError(f"scheme {self.scheme.name}: the client chain returned shape {tuple(u.shape)}, "
+                               "expected one row")
+        return u, ctx
+
+    def node_secret(self) -> bytes:
+        """32 bytes from which this client derives its secure-aggregation keys of every round
+        (kept on the node, never sent)."""
+        return derive_key(self.cfg.seed, "flower-secagg", self.cid) if self.node.seeded else os.urandom(32)

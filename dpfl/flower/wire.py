@@ -1,0 +1,301 @@
+"""What travels in Flower messages: the round plan, model vectors, codec payloads and the
+secure-aggregation messages of `dpfl.secagg.protocol`, as Flower records.
+
+Only plain types cross the wire (ints, bytes, lists, numpy arrays in `ArrayRecord`s); nothing
+is unpickled. Every reader checks types and lengths and raises `ProtocolError` naming the field.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from dpfl.compression.base import Payload
+from dpfl.compression.bits import packed_nbytes, unpack_uint
+from dpfl.errors import ProtocolError
+from dpfl.secagg.protocol import (
+    AdvertiseKeys,
+    MaskedInput,
+    RoundConfig,
+    ShareKeys,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from dpfl.secagg.ring import word_dtype
+
+PLAN = "plan"
+MODEL = "model"
+PAYLOAD = "payload"
+SECAGG = "secagg"
+REPLY = "reply"
+
+
+def _get(rec: ConfigRecord, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if key not in rec:
+        raise ProtocolError(f"{what}: field {key!r} is missing")
+    v = rec[key]
+    if kind is int and isinstance(v, bool) or not isinstance(v, kind):
+        raise ProtocolError(f"{what}: field {key!r} must be {kind}, got {type(v).__name__}")
+    return v
+
+
+def _record(content: RecordDict, name: str, what: str) -> Any:
+    if name not in content:
+        raise ProtocolError(f"{what}: record {name!r} is missing")
+    return content[name]
+
+
+@dataclass
+class RoundPlan:
+    """What the server tells one client about a round.
+
+    cohort/sizes: ids and data sizes of the clients asked this round (the sizes let a client
+    in seeded mode draw its local batches exactly as the simulator does); index: this client's
+    position in `cohort`; answering: k, the clients whose rows make up the sum (DP shares are
+    calibrated on it); steps/batch: local iterations and batch size (full-batch schemes use the
+    cohort's largest dataset); secagg: the round configuration of the secure sum, if any.
+    """
+
+    round: int
+    cohort: list[int]
+    sizes: list[int]
+    index: int
+    answering: int
+    n_selected: int
+    steps: int
+    batch: int
+    describe: str  # the scheme as the server built it (clients check theirs is the same)
+    secagg: dict[str, Any] = field(default_factory=dict)  # bits, d, threshold, min_survivors, graph
+
+    def to_record(self) -> ConfigRecord:
+        d = asdict(self)
+        sec = d.pop("secagg")
+        rec = ConfigRecord({k: v for k, v in d.items()})
+        if sec:
+            rec["sa_bits"], rec["sa_d"] = int(sec["bits"]), int(sec["d"])
+            rec["sa_threshold"], rec["sa_min_survivors"] = int(sec["threshold"]), int(sec["min_survivors"])
+            graph = sec["graph"]
+            rec["sa_degree"] = [len(graph[u]) for u in range(len(graph))]
+            rec["sa_edges"] = [int(v) for u in range(len(graph)) for v in graph[u]]
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: ConfigRecord) -> RoundPlan:
+        w = "round plan"
+        ints = {k: _get(rec, k, int, w) for k in ("round", "index", "answering", "n_selected", "steps", "batch")}
+        cohort = [int(x) for x in _get(rec, "cohort", list, w)]
+        sizes = [int(x) for x in _get(rec, "sizes", list, w)]
+        if len(cohort) != len(sizes) or not 0 <= ints["index"] < len(cohort):
+            raise ProtocolError(f"{w}: cohort, sizes and index disagree ({len(cohort)}, {len(sizes)}, "
+                                f"{ints['index']})")
+        sec: dict[str, Any] = {}
+        if "sa_bits" in rec:
+            degree = [int(x) for x in _get(rec, "sa_degree", list, w)]
+            edges = [int(x) for x in _get(rec, "sa_edges", list, w)]
+            if len(degree) != len(cohort) or sum(degree) != len(edges):
+                raise ProtocolError(f"{w}: the neighbour graph does not match the cohort")
+            graph, pos = {}, 0
+            for u, n in enumerate(degree):
+                graph[u] = tuple(edges[pos : pos + n])
+                pos += n
+            sec = {"bits": _get(rec, "sa_bits", int, w), "d": _get(rec, "sa_d", int, w),
+                   "threshold": _get(rec, "sa_threshold", int, w),
+                   "min_survivors": _get(rec, "sa_min_survivors", int, w), "graph": graph}
+        return cls(cohort=cohort, sizes=sizes, describe=_get(rec, "describe", str, w), secagg=sec, **ints)
+
+    def round_config(self, d: int | None = None, bits: int | None = None) -> RoundConfig:
+        """The secure-sum configuration (validated by `RoundConfig`). In the first phase the
+        server does not know d and b yet (they follow from the clients' rows): pass them."""
+        s = self.secagg
+        if not s:
+            raise ProtocolError(f"round {self.round}: the plan has no secure-aggregation configuration")
+        return RoundConfig(self.round, len(self.cohort), s["d"] if d is None else d, s["bits"] if bits is None else bits,
+                           s["graph"], s["threshold"], s["min_survivors"])
+
+
+def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]:
+    """A client's hello: id, data size, scheme description, seeded flag, round public keys."""
+    w = "hello"
+    rec = _record(content, REPLY, w)
+    out = {"cid": _get(rec, "cid", int, w), "size": _get(rec, "size", int, w),
+           "describe": _get(rec, "describe", str, w), "seeded": _get(rec, "seeded", bool, w), "keys": []}
+    if secure:
+        enc, mask = _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
+        if not len(enc) == len(mask) == rounds:
+            raise ProtocolError(f"{w}: {len(enc)} and {len(mask)} public keys for {rounds} rounds")
+        if any(not isinstance(x, bytes) or len(x) != 32 for x in (*enc, *mask)):
+            raise ProtocolError(f"{w}: public keys must be 32-byte X25519 keys")
+        out["keys"] = list(zip(enc, mask))
+    return out
+
+
+def read_shape(content: RecordDict, secure: bool) -> tuple[int, int]:
+    """The length d of a client's row and, for a secure sum, its modulus bits b (else 0)."""
+    rec = _record(content, REPLY, "reply")
+    d = _get(rec, "d", int, "reply")
+    return d, _get(rec, "bits", int, "reply") if secure else 0
+
+
+# ---------------------------------------------------------------- vectors and payloads
+
+
+def vector_record(w: np.ndarray) -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.ascontiguousarray(w))})
+
+
+def read_vector(content: RecordDict, n: int) -> np.ndarray:
+    rec = _record(content, MODEL, "model")
+    if "w" not in rec:
+        raise ProtocolError("model: array 'w' is missing")
+    w = rec["w"].numpy()
+    if w.dtype != np.float32 or w.shape != (n,):
+        raise ProtocolError(f"model: expected float32 [{n}], got {w.dtype} {list(w.shape)}")
+    return w
+
+
+def payload_record(p: Payload) -> ArrayRecord:
+    """One client's payload (its row of each array, exact dtype)."""
+    if p.k != 1:
+        raise ProtocolError(f"a client sends one payload row, got {p.k}")
+    if p.meta:
+        raise ProtocolError(f"payload metadata {sorted(p.meta)} is not sent over Flower; codecs must put "
+                            "what decoding needs in arrays")
+    return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in p.arrays.items()})
+
+
+def read_payload(content: RecordDict, names: list[str] | None = None) -> Payload:
+    rec = _record(content, PAYLOAD, "payload")
+    arrays = {name: rec[name].numpy() for name in rec}
+    if names is not None and sorted(arrays) != sorted(names):
+        raise ProtocolError(f"payload: arrays {sorted(arrays)}, expected {sorted(names)}")
+    for name, a in arrays.items():
+        if a.ndim < 1 or a.shape[0] != 1:
+            raise ProtocolError(f"payload: array {name!r} must have one leading row, got shape {list(a.shape)}")
+    return Payload(arrays)
+
+
+def stack_payloads(payloads: list[Payload]) -> Payload:
+    """Rows of several clients into one cohort payload (the layout `Codec.decode` takes)."""
+    names = sorted(payloads[0].arrays)
+    for p in payloads[1:]:
+        if sorted(p.arrays) != names:
+            raise ProtocolError("payloads of one round carry different arrays")
+    try:
+        return Payload({n: np.concatenate([p.arrays[n] for p in payloads]) for n in names})
+    except ValueError as e:
+        raise ProtocolError(f"payloads of one round have different shapes: {e}") from None
+
+
+# ---------------------------------------------------------------- secure aggregation messages
+
+
+def advertise_record(m: AdvertiseKeys) -> ConfigRecord:
+    return ConfigRecord({"sender": m.sender, "round": m.round_id, "enc_pk": m.enc_pk, "mask_pk": m.mask_pk})
+
+
+def read_advertise(rec: ConfigRecord) -> AdvertiseKeys:
+    w = "AdvertiseKeys"
+    return AdvertiseKeys(_get(rec, "sender", int, w), _get(rec, "round", int, w),
+                         _get(rec, "enc_pk", bytes, w), _get(rec, "mask_pk", bytes, w))
+
+
+def share_record(m: ShareKeys) -> ConfigRecord:
+    to = sorted(m.ciphertexts)
+    return ConfigRecord({"sender": m.sender, "round": m.round_id, "to": to, "ct": [m.ciphertexts[v] for v in to]})
+
+
+def read_share(rec: ConfigRecord) -> ShareKeys:
+    w = "ShareKeys"
+    to, ct = _get(rec, "to", list, w), _get(rec, "ct", list, w)
+    return ShareKeys(_get(rec, "sender", int, w), _get(rec, "round", int, w), _pairs(to, ct, w))
+
+
+def masked_record(m: MaskedInput) -> ConfigRecord:
+    return ConfigRecord({"masked": m.to_bytes()})
+
+
+_MASKED_HEAD = struct.Struct("<IqB")
+
+
+def read_masked(rec: ConfigRecord, d: int) -> MaskedInput:
+    """Parse `MaskedInput.to_bytes()`: sender, round, bits, then d values packed at `bits` bits."""
+    blob = _get(rec, "masked", bytes, "MaskedInput")
+    if len(blob) < _MASKED_HEAD.size:
+        raise ProtocolError(f"MaskedInput: {len(blob)} bytes is shorter than its header")
+    sender, round_id, bits = _MASKED_HEAD.unpack_from(blob)
+    if not 1 <= bits <= 64:
+        raise ProtocolError(f"MaskedInput: modulus bits {bits} outside [1, 64]")
+    body = np.frombuffer(blob, dtype=np.uint8, offset=_MASKED_HEAD.size)
+    if body.size != packed_nbytes(d, bits):
+        raise ProtocolError(f"MaskedInput: {body.size} value bytes, expected {packed_nbytes(d, bits)} "
+                            f"for {d} values at {bits} bits")
+    values = unpack_uint(body[None, :], d, bits)[0].astype(word_dtype(bits))
+    return MaskedInput(sender, round_id, bits, values)
+
+
+def request_record(r: UnmaskRequest) -> ConfigRecord:
+    return ConfigRecord({"round": r.round_id, "survivors": sorted(r.survivors)})
+
+
+def read_request(rec: ConfigRecord) -> UnmaskRequest:
+    w = "UnmaskRequest"
+    return UnmaskRequest(_get(rec, "round", int, w), frozenset(int(x) for x in _get(rec, "survivors", list, w)))
+
+
+def unmask_record(m: UnmaskShares) -> ConfigRecord:
+    s, k = sorted(m.self_mask_shares), sorted(m.key_shares)
+    return ConfigRecord({"sender": m.sender, "round": m.round_id,
+                         "self_ids": s, "self_shares": [m.self_mask_shares[v] for v in s],
+                         "key_ids": k, "key_shares": [m.key_shares[v] for v in k]})
+
+
+def read_unmask(rec: ConfigRecord) -> UnmaskShares:
+    w = "UnmaskShares"
+    return UnmaskShares(_get(rec, "sender", int, w), _get(rec, "round", int, w),
+                        _pairs(_get(rec, "self_ids", list, w), _get(rec, "self_shares", list, w), w),
+                        _pairs(_get(rec, "key_ids", list, w), _get(rec, "key_shares", list, w), w))
+
+
+def keys_record(keys: dict[int, tuple[bytes, bytes]]) -> ConfigRecord:
+    ids = sorted(keys)
+    return ConfigRecord({"ids": ids, "enc_pk": [keys[v][0] for v in ids], "mask_pk": [keys[v][1] for v in ids]})
+
+
+def read_keys(rec: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
+    w = "neighbour keys"
+    ids, enc, mask = _get(rec, "ids", list, w), _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
+    if not len(ids) == len(enc) == len(mask):
+        raise ProtocolError(f"{w}: ids and keys have different lengths")
+    return {int(v): (bytes(e), bytes(m)) for v, e, m in zip(ids, enc, mask)}
+
+
+def inbox_record(inbox: dict[int, bytes]) -> ConfigRecord:
+    ids = sorted(inbox)
+    return ConfigRecord({"ids": ids, "ct": [inbox[v] for v in ids]})
+
+
+def read_inbox(rec: ConfigRecord) -> dict[int, bytes]:
+    w = "inbox"
+    return _pairs(_get(rec, "ids", list, w), _get(rec, "ct", list, w), w)
+
+
+def _pairs(ids: list, blobs: list, what: str) -> dict[int, bytes]:
+    if len(ids) != len(blobs) or len(set(ids)) != len(ids):
+        raise ProtocolError(f"{what}: ids and values differ in length or repeat an id")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ProtocolError(f"{what}: ids must be integers")
+    if not all(isinstance(b, bytes) for b in blobs):
+        raise ProtocolError(f"{what}: values must be bytes")
+    return {int(i): b for i, b in zip(ids, blobs)}
+
+
+def content_nbytes(obj: Any) -> int:
+    """Bytes of a message's content as Flower serializes it (every record, array and chunk
+    object, with their headers): what the message costs on the wire, before transport framing."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    return sum(len(o.deflate()) for o in get_all_nested_objects(obj).values())

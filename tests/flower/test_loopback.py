@@ -1,0 +1,179 @@
+"""The deployment's server and client code, in process (no SuperLink): same messages, same
+handlers, same coordinator as over Flower, checked against the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flower_helpers import SIGN_DP, config, loopback, require_row_contract, simulate
+
+from dpfl.errors import ProtocolError
+from dpfl.flower import client as fclient
+from dpfl.flower import wire
+from dpfl.flower.loopback import Loopback
+from dpfl.schemes.base import Aggregator
+from dpfl.secagg.ring import centred_lift
+
+
+def test_fl_std_matches_the_simulator_bit_for_bit():
+    data = config()
+    sim, sim_rounds = simulate(data)
+    co, _ = loopback(data)
+    co.run()
+    assert torch.equal(co.sim.w, sim.w)
+    for mine, ref in zip(co.history, sim_rounds):
+        assert mine["up_bytes"] == ref["up_bytes"]  # the same float32 payloads
+        assert mine["accuracy"] == ref["accuracy"]
+        # the serialized messages carry the payload plus the plan and Flower's record headers
+        assert mine["flower_up_bytes"] > mine["up_bytes"]
+
+
+def test_fl_sign_dp_over_the_message_protocol_matches_the_simulator_bit_for_bit():
+    require_row_contract()
+    data = config(SIGN_DP)
+    sim, sim_rounds = simulate(data)
+    co, _ = loopback(data)
+    co.run()
+    assert torch.equal(co.sim.w, sim.w)
+    for mine, ref in zip(co.history, sim_rounds):
+        assert mine["up_bytes"] == ref["up_bytes"]  # masked inputs: header + b bits per value
+        assert mine["step_secagg_bits"] == ref["step_secagg_bits"]
+        assert mine["epsilon"] == ref["epsilon"]  # the same events reached the ledger
+
+
+def test_unseeded_clients_draw_noise_the_config_seed_does_not_determine():
+    data = config(SIGN_DP, federation={"rounds": 1})
+    sim, _ = simulate(data)
+    a, _ = loopback(data, seeded=False)
+    b, _ = loopback(data, seeded=False)
+    a.run()
+    b.run()
+    assert not torch.equal(a.sim.w, b.sim.w)
+    assert not torch.equal(a.sim.w, sim.w)
+
+
+class Recording(Loopback):
+    """Keeps each node's encoded row (its words in Z_2^b) and lets chosen nodes fail a phase."""
+
+    def __init__(self, run_config, node_configs, fail: dict[str, set[int]] | None = None):
+        super().__init__(run_config, node_configs)
+        self.fail = fail or {}
+        self.words: dict[int, np.ndarray] = {}
+
+    def __call__(self, kind, contents, timeout):
+        failing = self.fail.get(kind, set())
+        keep = {n: c for n, c in contents.items() if n not in failing}
+        out = super().__call__(kind, keep, timeout)
+        if kind == "train.sa_train":
+            for n in keep:
+                if fclient.WORDS in self.states[n]:
+                    self.words[n] = self.states[n][fclient.WORDS]["w"].numpy().copy()
+        return out  # failing nodes never answer
+
+
+class RecordingAggregator(Aggregator):
+    """The scheme's aggregator, keeping what the server received."""
+
+    def __init__(self, inner: Aggregator):
+        self.inner, self.name, self.needs_rows = inner, inner.name, inner.needs_rows
+        self.got: list = []
+
+    def __call__(self, rec, ctx):
+        self.got.append(rec)
+        return self.inner(rec, ctx)
+
+
+def _record_received(co):
+    co.scheme.aggregator = RecordingAggregator(co.scheme.aggregator)
+    return co.scheme.aggregator.got
+
+
+def test_a_client_lost_after_sharing_keys_is_recovered_and_the_sum_is_the_survivors():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
+    co, lb = loopback(data, cls=Recording, fail={"train.sa_mask": {103}})
+    got = _record_received(co)
+    co.run()
+    (rec,) = got
+    assert rec.count == 3 and co.history[0]["answered"] == 3
+    bits = int(co.history[0]["step_secagg_bits"])
+    expect = sum(lb.words[n].astype(np.uint64) for n in (100, 101, 102))
+    assert np.array_equal(rec.total.numpy(), centred_lift(expect, bits))  # pairwise masks of 103 removed
+    assert co.sim.ledger.events  # released: the event was recorded
+
+
+def test_more_failures_than_tolerated_release_nothing():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
+    co, _ = loopback(data, cls=Recording, fail={"train.sa_mask": {102, 103}})
+    w0 = co.sim.w.clone()
+    co.run()
+    assert "aborted" in co.history[0]
+    assert torch.equal(co.sim.w, w0)
+    assert not co.sim.ledger.events
+
+
+class Replaying(Loopback):
+    """Sends node 100 its unmask request a second time and keeps the answer."""
+
+    def __call__(self, kind, contents, timeout):
+        out = super().__call__(kind, contents, timeout)
+        if kind == "train.sa_unmask":
+            self.second = super().__call__(kind, {100: contents[100]}, timeout)[100]
+        return out
+
+
+def test_a_client_answers_one_unmask_request_per_round():
+    co, lb = loopback(config(SIGN_DP, federation={"rounds": 1}), cls=Replaying)
+    co.run()
+    assert lb.second.content is None and "no secure-sum state" in lb.second.error
+
+
+def test_a_round_key_is_never_used_twice():
+    co, lb = loopback(config(SIGN_DP, federation={"rounds": 2}))
+    co.run()
+    state = lb.states[100]
+    assert state[fclient.NODE]["last_round"] == 2
+    with pytest.raises(ProtocolError, match="already took part"):
+        fclient._round_key(state, 2)
+
+
+def test_fixed_point_secure_sum_matches_within_one_rounding_unit():
+    """FL-STD-DP rows are real: each client rounds its row to 2^-f stochastically. The simulator
+    draws those roundings for the whole cohort from one stream, a deployed client for its own row
+    from the stream's start, so rows 2..k may round the other way: the mean then differs by at
+    most (k − 1)/|K| · 2^-f per coordinate (after one round, before training mixes it further)."""
+    require_row_contract()
+    data = config({"name": "fl-std-dp", "options": {"sigma": 0.8, "clip": 0.5}}, federation={"rounds": 1})
+    sim, _ = simulate(data)
+    co, _ = loopback(data)
+    co.run()
+    f = co.scheme.transport.round_transport(3, co.sim.flat.n).frac_bits
+    diff = (co.sim.w - sim.w).abs().max().item()
+    assert diff <= 2 / 3 * 2.0**-f + 1e-7, (diff, f)
+
+
+class Corrupting(Loopback):
+    """Node 103's masked input loses its last byte on the way."""
+
+    def __call__(self, kind, contents, timeout):
+        out = super().__call__(kind, contents, timeout)
+        if kind == "train.sa_mask" and 103 in out:
+            rec = out[103].content[wire.SECAGG]
+            rec["masked"] = rec["masked"][:-1]
+        return out
+
+
+def test_a_malformed_masked_input_is_rejected_and_the_round_goes_on_without_it():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
+    co, _ = loopback(data, cls=Corrupting)
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
+    assert any("rejected client 3" in line and "value bytes" in line for line in logs), logs

@@ -1,0 +1,80 @@
+"""Credentials, the Flower App directory and the run settings."""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import stat
+
+import pytest
+import tomli_w
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+from flower_helpers import config
+
+from dpfl.errors import ConfigError
+from dpfl.flower import certs
+from dpfl.flower.appdir import write_app
+from dpfl.flower.client import CONFIG_KEY
+from dpfl.flower.local import LocalFederation
+from dpfl.flower.server import settings
+
+
+def test_tls_credentials_chain_to_the_ca_and_name_the_host(tmp_path):
+    d = certs.make_tls(tmp_path, hosts=("127.0.0.1", "localhost"))
+    ca = x509.load_pem_x509_certificate((d / certs.CA_CERT).read_bytes())
+    cert = x509.load_pem_x509_certificate((d / certs.SERVER_CERT).read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises if the signature or issuer is wrong
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
+    assert "localhost" in san.get_values_for_type(x509.DNSName)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    ctx = ssl.create_default_context(cafile=str(d / certs.CA_CERT))
+    ctx.load_cert_chain(str(d / certs.SERVER_CERT), str(d / certs.SERVER_KEY))  # key matches the cert
+    for key in (certs.CA_KEY, certs.SERVER_KEY):
+        assert stat.S_IMODE((d / key).stat().st_mode) == 0o600
+
+
+def test_node_keys_are_p384_openssh_pairs(tmp_path):
+    (priv, pub), _ = certs.make_node_keys(tmp_path, 2)
+    key = load_ssh_private_key(priv.read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert load_ssh_public_key(pub.read_bytes()).public_numbers() == key.public_key().public_numbers()
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+
+
+def test_the_app_directory_passes_flowers_validation_and_carries_the_config(tmp_path):
+    from flwr.cli.config_utils import load_and_validate
+    from flwr.supercore.object_ref import validate
+
+    text = tomli_w.dumps(config())
+    write_app(tmp_path, text, out_dir="/tmp/x", reproducible=True, timeout=30)
+    cfg, warnings = load_and_validate(tmp_path / "pyproject.toml")
+    assert cfg is not None and not warnings
+    app = cfg["tool"]["flwr"]["app"]
+    assert app["config"][CONFIG_KEY] == text and app["config"]["reproducible"] is True
+    for ref in app["components"].values():
+        assert validate(ref, check_module=True) == (True, None)
+
+
+def test_settings_reject_unknown_keys_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown run config keys"):
+        settings({CONFIG_KEY: "x", "rounds": 3})
+    with pytest.raises(ConfigError, match="timeout must be a positive"):
+        settings({CONFIG_KEY: "x", "timeout": 0})
+    with pytest.raises(ConfigError, match="invalid configuration"):
+        write_app("/nonexistent-dir-not-created", "[data]\nn_clients = 0\n")
+
+
+def test_local_commands_are_the_documented_ones(tmp_path):
+    fed = LocalFederation(tmp_path, 2, tls=True, auth=True, seeded=True)
+    fed.port = 9092
+    cmds = fed.commands("app")
+    assert cmds[0].startswith("flower-superlink --ssl-ca-certfile ") and "--enable-supernode-auth" in cmds[0]
+    assert cmds[1].startswith("flwr supernode register ") and cmds[1].endswith("node-0.pub dpfl-local")
+    assert "--node-config 'partition-id=1 num-partitions=2 dpfl-seeded=true'" in cmds[4]
+    assert "--auth-supernode-private-key" in cmds[4] and "--root-certificates" in cmds[4]
+    assert cmds[-1].endswith("app dpfl-local --stream")
+    with pytest.raises(ConfigError, match="needs TLS"):
+        LocalFederation(tmp_path, 2, tls=False, auth=True)

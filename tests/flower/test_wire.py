@@ -1,0 +1,98 @@
+"""Flower records ↔ dpfl messages: exact round trips, and malformed input rejected by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord
+
+from dpfl.compression.bits import packed_nbytes
+from dpfl.errors import ConfigError, ProtocolError
+from dpfl.flower import wire
+from dpfl.flower.node import NodeSettings, OsSeeds, check_round_config
+from dpfl.flower.party import round_public_keys
+from dpfl.rng import Seeds
+from dpfl.secagg.protocol import HEADER_BYTES, MaskedInput, RoundConfig, ShareKeys, UnmaskShares
+from dpfl.secagg.ring import word_dtype
+from dpfl.secagg.transport import SecAggTransport
+
+
+@pytest.mark.parametrize("bits", [1, 10, 22, 32, 33, 64])
+def test_masked_input_survives_the_wire_exactly(bits):
+    d = 37
+    rng = np.random.default_rng(bits)
+    values = (rng.integers(0, 2**63, d, dtype=np.uint64) >> np.uint64(64 - bits)).astype(word_dtype(bits))
+    msg = MaskedInput(4, 9, bits, values)
+    back = wire.read_masked(wire.masked_record(msg), d)
+    assert (back.sender, back.round_id, back.bits) == (4, 9, bits)
+    assert back.values.dtype == values.dtype and np.array_equal(back.values, values)
+    # what the server counts is the message's size on the wire: header, modulus byte, packed values
+    assert len(wire.masked_record(msg)["masked"]) == msg.wire_nbytes == HEADER_BYTES + 1 + packed_nbytes(d, bits)
+
+
+def test_malformed_masked_inputs_are_rejected_by_name():
+    msg = MaskedInput(0, 1, 10, np.zeros(8, dtype=np.uint32))
+    blob = wire.masked_record(msg)["masked"]
+    with pytest.raises(ProtocolError, match="value bytes"):
+        wire.read_masked(ConfigRecord({"masked": blob[:-1]}), 8)
+    with pytest.raises(ProtocolError, match="value bytes"):
+        wire.read_masked(ConfigRecord({"masked": blob}), 9)
+    with pytest.raises(ProtocolError, match="shorter than its header"):
+        wire.read_masked(ConfigRecord({"masked": blob[:5]}), 8)
+    with pytest.raises(ProtocolError, match="'masked' is missing"):
+        wire.read_masked(ConfigRecord({}), 8)
+
+
+def test_share_and_unmask_messages_round_trip():
+    share = ShareKeys(2, 7, {0: b"a" * 60, 5: b"b" * 60})
+    back = wire.read_share(wire.share_record(share))
+    assert back == share
+    un = UnmaskShares(1, 7, {0: b"x" * 40}, {3: b"y" * 40, 4: b"z" * 40})
+    assert wire.read_unmask(wire.unmask_record(un)) == un
+    with pytest.raises(ProtocolError, match="differ in length or repeat"):
+        wire.read_share(ConfigRecord({"sender": 1, "round": 7, "to": [0, 0], "ct": [b"a", b"b"]}))
+    with pytest.raises(ProtocolError, match="must be <class 'int'>"):
+        wire.read_share(ConfigRecord({"sender": "1", "round": 7, "to": [], "ct": []}))
+
+
+def test_round_plan_round_trips_with_its_graph():
+    graph = {0: (1, 2), 1: (0, 2), 2: (0, 1)}
+    plan = wire.RoundPlan(round=3, cohort=[7, 2, 9], sizes=[10, 20, 30], index=1, answering=3, n_selected=3,
+                          steps=2, batch=8, describe="x", secagg={"bits": 22, "d": 100, "threshold": 2,
+                                                                 "min_survivors": 3, "graph": graph})
+    back = wire.RoundPlan.from_record(plan.to_record())
+    assert back == plan
+    assert back.round_config() == RoundConfig(3, 3, 100, 22, graph, 2, 3)
+    bad = plan.to_record()
+    bad["index"] = 3
+    with pytest.raises(ProtocolError, match="disagree"):
+        wire.RoundPlan.from_record(bad)
+
+
+def test_a_client_refuses_a_weaker_secure_sum_configuration():
+    sa = SecAggTransport("int", bits=12, max_dropouts=1)
+    graph = {u: tuple(v for v in range(4) if v != u) for u in range(4)}
+    check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 3))  # t = majority of 3, min = 4 − 1
+    with pytest.raises(ProtocolError, match="min_survivors = 2"):
+        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 2))  # would unmask a smaller sum
+    with pytest.raises(ProtocolError, match="t = 1"):
+        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 1, 3))
+
+
+def test_node_settings_name_the_bad_key():
+    assert NodeSettings.parse({"partition-id": 2, "num-partitions": 3}, 3) == NodeSettings(2)
+    with pytest.raises(ConfigError, match=r"partition-id must be an integer in \[0, 3\)"):
+        NodeSettings.parse({}, 3)
+    with pytest.raises(ConfigError, match="num-partitions = 4"):
+        NodeSettings.parse({"partition-id": 0, "num-partitions": 4}, 3)
+    with pytest.raises(ConfigError, match="dpfl-seeded must be true or false"):
+        NodeSettings.parse({"partition-id": 0, "dpfl-seeded": "yes"}, 3)
+
+
+def test_deployment_randomness_is_not_the_config_seed():
+    a, b = OsSeeds(), OsSeeds()
+    assert a.seed("x") != b.seed("x") and a.seed("x") != Seeds(0).seed("x")
+    assert a.crypto("round", 1).bytes(32) != a.crypto("round", 1).bytes(32)  # a fresh OS key each time
+    # round keys: independent per round, and per node secret
+    k1, k2 = round_public_keys(b"\x01" * 32, 3), round_public_keys(b"\x02" * 32, 3)
+    assert len({*k1, *k2}) == 6
