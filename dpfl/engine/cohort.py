@@ -6,6 +6,12 @@ unchanged, while each parametric layer uses the batched form of its own math:
 Conv2d → one grouped convolution (groups = k, channels-last), Linear → one batched matmul.
 Autograd of the summed per-client losses gives every client's own gradient.
 
+Low-rank dense layers: under plain SGD a client's Linear weight after t steps is
+W_t = W_0 − η Σ_{j<t} G_jᵀ X_j (G_j: gradient of the loss w.r.t. the layer's output, X_j: its
+input). `LowRank` keeps only (X_j, G_j), so X W_tᵀ = X W_0ᵀ − η (X X_hᵀ) G_h is one shared GEMM
+plus small per-client products, and no per-client weight (or weight gradient) is ever stored:
+the client update −η G_hᵀ X_h is formed once at the end. Exact up to float reassociation.
+
 Fallback: `torch.func.vmap` over `functional_call`, for models with layers the fast path
 does not know (LSTM, Embedding, ...). Both give the same numbers up to float rounding.
 """
@@ -48,6 +54,40 @@ def loss_per_sample(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tens
     return F.cross_entropy(out, y.reshape(-1), reduction="none")
 
 
+class LowRank:
+    """A cohort's Linear weight kept as W_0 − lr·Σ_j G_jᵀ X_j (see the module docstring)."""
+
+    def __init__(self, w0: torch.Tensor, lr: float):
+        self.w0, self.lr = w0, lr
+        self.xs: list[torch.Tensor] = []  # [k, B, in] per step
+        self.gs: list[torch.Tensor] = []  # [k, B, out] per step
+        self.out: torch.Tensor | None = None  # this step's output (its gradient becomes G)
+
+    def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        lead, d_in = x.shape[:-1], x.shape[-1]
+        xb = x.reshape(k, -1, d_in)
+        out = (xb.reshape(-1, d_in) @ self.w0.t()).view(k, xb.shape[1], -1)
+        if self.xs:
+            xh, gh = torch.cat(self.xs, 1), torch.cat(self.gs, 1)
+            out = out - self.lr * torch.bmm(torch.bmm(xb, xh.transpose(1, 2)), gh)
+        if not out.requires_grad:
+            out.requires_grad_(True)
+        self.out = out
+        self.xs.append(xb.detach())
+        return out.reshape(*lead, out.shape[-1])
+
+    def record(self, g_out: torch.Tensor) -> None:
+        self.gs.append(g_out.detach())
+        self.out = None
+
+    def delta(self, out: torch.Tensor) -> torch.Tensor:
+        """−lr·Σ_j G_jᵀ X_j, [k, out, in], written into `out`."""
+        if not self.gs:
+            return out.zero_()
+        xh, gh = torch.cat(self.xs, 1), torch.cat(self.gs, 1)
+        return torch.baddbmm(out, gh.transpose(1, 2), xh, beta=0, alpha=-self.lr, out=out)
+
+
 class CohortModel:
     """Forward and per-client gradients of `model` for k parameter vectors at once."""
 
@@ -63,12 +103,45 @@ class CohortModel:
             self._mods = dict(self.gm.named_modules())
             self._prefix = {id(m): name for name, m in self.gm.named_modules()}
 
+    def lowrank_candidates(self, rows: int) -> list[str]:
+        """Linear weights whose step history (rows = steps·batch per client) is smaller than the
+        weight itself: the low-rank form is cheaper for them."""
+        if self.mode != "fx":
+            return []
+        out = []
+        for name, m in self.gm.named_modules():
+            if isinstance(m, nn.Linear) and rows * (m.in_features + m.out_features) < m.in_features * m.out_features:
+                out.append(name + ".weight")
+        return out
+
+    def grads(self, params: dict[str, object], x: torch.Tensor, y: torch.Tensor,
+              sign: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """fx path: gradients for the tensor entries of `params` ({name: [k, *shape] or LowRank});
+        each LowRank records its G for this step."""
+        leaves = {n: v.detach().requires_grad_(True) for n, v in params.items() if not isinstance(v, LowRank)}
+        low = [v for v in params.values() if isinstance(v, LowRank)]
+        k, b = x.shape[:2]
+        views = {n: leaves.get(n, v) for n, v in params.items()}
+        out = self._forward_fx(views, x.reshape(k * b, *x.shape[2:]), k)
+        losses = loss_per_sample(out, y, self.task).view(k, b).mean(1)
+        total = (losses * sign).sum() if sign is not None else losses.sum()
+        gs = torch.autograd.grad(total, [*leaves.values(), *(lr.out for lr in low)])
+        for lr, g in zip(low, gs[len(leaves):]):
+            lr.record(g)
+        return dict(zip(leaves, gs[: len(leaves)]))
+
     # ---- fx fast path -------------------------------------------------------------
-    def _forward_fx(self, views: dict[str, torch.Tensor], x: torch.Tensor, k: int) -> torch.Tensor:
+    def _forward_fx(self, views: dict[str, object], x: torch.Tensor, k: int) -> torch.Tensor:
+        # Values between convolutions stay in the grouped layout [B, k·C, H, W] (clients in the
+        # channel axis) as long as only per-channel ops (ReLU, pooling, dropout) touch them.
         env: dict[fx.Node, object] = {}
+        grouped: set[fx.Node] = set()
+
+        def plain(n: fx.Node):
+            return _ungroup(env[n], k) if n in grouped else env[n]
 
         def load(a):
-            return fx.graph.map_arg(a, lambda n: env[n])
+            return fx.graph.map_arg(a, plain)
 
         out = None
         for node in self.gm.graph.nodes:
@@ -76,16 +149,31 @@ class CohortModel:
                 env[node] = x
             elif node.op == "call_module":
                 mod = self._mods[node.target]
-                (arg,) = load(node.args)
+                src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
                 if isinstance(mod, nn.Conv2d):
-                    env[node] = _conv(mod, views[node.target + ".weight"],
-                                      views.get(node.target + ".bias"), arg, k)
+                    xin = env[src] if src in grouped else _group(env[src], k)
+                    env[node] = _conv(mod, views[node.target + ".weight"], views.get(node.target + ".bias"), xin, k)
+                    grouped.add(node)
+                elif src in grouped and isinstance(mod, _PER_CHANNEL) and len(node.args) == 1 and not node.kwargs:
+                    env[node] = mod(env[src])
+                    grouped.add(node)
+                elif isinstance(mod, nn.Linear) and isinstance(views[node.target + ".weight"], LowRank):
+                    (arg,) = load(node.args)
+                    out = views[node.target + ".weight"].forward(arg, k)
+                    b = views.get(node.target + ".bias")
+                    env[node] = out if b is None else out + b.repeat_interleave(out.shape[0] // k, 0)
                 elif isinstance(mod, nn.Linear):
+                    (arg,) = load(node.args)
                     env[node] = _linear(views[node.target + ".weight"], views.get(node.target + ".bias"), arg, k)
                 else:
-                    env[node] = mod(arg, **load(node.kwargs))
+                    env[node] = mod(*load(node.args), **load(node.kwargs))
             elif node.op == "call_function":
-                env[node] = node.target(*load(node.args), **load(node.kwargs))
+                src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+                if src in grouped and node.target in _PER_CHANNEL_FN and len(node.args) == 1:
+                    env[node] = node.target(env[src], **load(node.kwargs))
+                    grouped.add(node)
+                else:
+                    env[node] = node.target(*load(node.args), **load(node.kwargs))
             elif node.op == "call_method":
                 self_obj, *rest = load(node.args)
                 env[node] = getattr(self_obj, node.target)(*rest, **load(node.kwargs))
@@ -143,16 +231,28 @@ class CohortModel:
         return list(torch.autograd.grad(total, list(leaves.values())))
 
 
-def _conv(mod: nn.Conv2d, w: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, k: int) -> torch.Tensor:
-    kb, c, h, wd = x.shape
-    bsz = kb // k
-    xg = x.view(k, bsz, c, h, wd).transpose(0, 1).reshape(bsz, k * c, h, wd)
-    xg = xg.contiguous(memory_format=torch.channels_last)
+_PER_CHANNEL = (nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.Dropout, nn.Identity)
+_PER_CHANNEL_FN = (F.relu, torch.relu, F.max_pool2d, F.avg_pool2d, F.dropout)
+
+
+def _group(x: torch.Tensor, k: int) -> torch.Tensor:
+    """[k·B, C, H, W] → [B, k·C, H, W]."""
+    kb, c, h, w = x.shape
+    xg = x.view(k, kb // k, c, h, w).transpose(0, 1).reshape(kb // k, k * c, h, w)
+    return xg.contiguous(memory_format=torch.channels_last)
+
+
+def _ungroup(x: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k·C, H, W] → [k·B, C, H, W]."""
+    b, kc, h, w = x.shape
+    return x.reshape(b, k, kc // k, h, w).transpose(0, 1).reshape(k * b, kc // k, h, w)
+
+
+def _conv(mod: nn.Conv2d, w: torch.Tensor, b: torch.Tensor | None, xg: torch.Tensor, k: int) -> torch.Tensor:
+    """Grouped layout in and out: [B, k·C_in, H, W] → [B, k·C_out, H', W'], one group per client."""
     wg = w.reshape(k * w.shape[1], *w.shape[2:]).contiguous(memory_format=torch.channels_last)
-    out = F.conv2d(xg, wg, None if b is None else b.reshape(-1), mod.stride, mod.padding, mod.dilation,
-                   groups=k * mod.groups)
-    co, ho, wo = out.shape[1] // k, out.shape[2], out.shape[3]
-    return out.view(bsz, k, co, ho, wo).transpose(0, 1).reshape(kb, co, ho, wo)
+    return F.conv2d(xg, wg, None if b is None else b.reshape(-1), mod.stride, mod.padding, mod.dilation,
+                    groups=k * mod.groups)
 
 
 def _linear(w: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, k: int) -> torch.Tensor:

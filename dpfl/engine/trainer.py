@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpfl.engine.cohort import CohortModel
+from dpfl.engine.cohort import CohortModel, LowRank
 
 
 @dataclass
@@ -29,13 +29,14 @@ class Trainer:
     """Trains k copies of one model from the same starting point on k clients' batches."""
 
     def __init__(self, model: nn.Module, task: str, cfg: LocalTraining, mode: str = "auto",
-                 max_cohort: int = 0):
+                 max_cohort: int = 0, lowrank: bool = True):
         self.model = model
         self.task = task
         self.cfg = cfg
         self.cohort = CohortModel(model, task, mode)
         self.flat = self.cohort.flat
         self.max_cohort = max_cohort  # split larger cohorts into chunks (memory); 0 = no limit
+        self.lowrank = lowrank  # plain SGD: keep big Linear weights as W_0 − η·Σ GᵀX (see cohort.py)
 
     def train(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
               mask: torch.Tensor | None = None, sign: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,40 +54,57 @@ class Trainer:
                                         None if sign is None else sign[s : s + self.max_cohort]))
             return torch.cat(parts)
         cfg = self.cfg
-        p = w.expand(k, -1).clone()
-        parts = list(self.flat.views(p).values())  # per-parameter views of p, updated in place
-        w_parts = list(self.flat.views(w).values())
-        m_parts = [None] * len(parts) if mask is None else [v.to(p.dtype) for v in self.flat.views(mask).values()]
-        use_m1 = cfg.optimizer == "adam" or cfg.momentum > 0
-        m1 = [torch.zeros_like(q) for q in parts] if use_m1 else None
-        m2 = [torch.zeros_like(q) for q in parts] if cfg.optimizer == "adam" else None
         if cfg.optimizer not in ("sgd", "adam"):
             raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: sgd, adam")
+        plain_sgd = (cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay and not cfg.prox_mu
+                     and mask is None and self.lowrank)
+        low_names = set(self.cohort.lowrank_candidates(batches.shape[1] * batches.shape[2])) if plain_sgd else set()
+        w_parts = self.flat.views(w)
+        params: dict[str, object] = {}
+        for name, v in w_parts.items():
+            params[name] = LowRank(v, cfg.lr) if name in low_names else v.expand(k, *v.shape).clone()
+        m_parts = {} if mask is None else {n: v.to(w.dtype) for n, v in self.flat.views(mask).items()}
+        use_m1 = cfg.optimizer == "adam" or cfg.momentum > 0
+        dense = [n for n in params if n not in low_names]
+        m1 = {n: torch.zeros_like(params[n]) for n in dense} if use_m1 else None
+        m2 = {n: torch.zeros_like(params[n]) for n in dense} if cfg.optimizer == "adam" else None
         for t in range(batches.shape[1]):
             idx = batches[:, t]
             xb = x[idx]
             if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
-                xb = xb.to(p.dtype)  # compact storage (binary / half-precision features)
-            grads = self.cohort.client_grad_parts(p, xb, y[idx], sign)
-            for i, (q, g) in enumerate(zip(parts, grads)):
+                xb = xb.to(w.dtype)  # compact storage (binary / half-precision features)
+            if self.cohort.mode == "fx":
+                grads = self.cohort.grads(params, xb, y[idx], sign)
+            else:
+                stacked = torch.cat([params[n].reshape(k, -1) for n in dense], 1)
+                grads = dict(zip(dense, self.cohort.client_grad_parts(stacked, xb, y[idx], sign)))
+            for n in dense:
+                q, g = params[n], grads[n]
                 if cfg.weight_decay:
                     g.add_(q, alpha=cfg.weight_decay)
                 if cfg.prox_mu:
-                    g.add_(q - w_parts[i], alpha=cfg.prox_mu)
-                if m_parts[i] is not None:
-                    g.mul_(m_parts[i])
+                    g.add_(q - w_parts[n], alpha=cfg.prox_mu)
+                if n in m_parts:
+                    g.mul_(m_parts[n])
                 if cfg.optimizer == "adam":
                     b1, b2 = cfg.adam_betas
-                    m1[i].mul_(b1).add_(g, alpha=1 - b1)
-                    m2[i].mul_(b2).addcmul_(g, g, value=1 - b2)
+                    m1[n].mul_(b1).add_(g, alpha=1 - b1)
+                    m2[n].mul_(b2).addcmul_(g, g, value=1 - b2)
                     step = cfg.lr * (1 - b2 ** (t + 1)) ** 0.5 / (1 - b1 ** (t + 1))
-                    q.addcdiv_(m1[i], m2[i].sqrt().add_(cfg.adam_eps), value=-step)
+                    q.addcdiv_(m1[n], m2[n].sqrt().add_(cfg.adam_eps), value=-step)
                 else:
                     if m1 is not None:
-                        m1[i].mul_(cfg.momentum).add_(g)
-                        g = m1[i]
+                        m1[n].mul_(cfg.momentum).add_(g)
+                        g = m1[n]
                     q.add_(g, alpha=-cfg.lr)
-        return p - w
+        d = torch.empty(k, self.flat.n, dtype=w.dtype, device=w.device)
+        for name, dv in self.flat.views(d).items():
+            q = params[name]
+            if isinstance(q, LowRank):
+                q.delta(dv)
+            else:
+                torch.sub(q, w_parts[name], out=dv)
+        return d
 
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
                          mask: torch.Tensor | None = None, sign: torch.Tensor | None = None) -> torch.Tensor:
