@@ -114,7 +114,7 @@ class RunConfig(_Strict):
         if fed.clients_per_round is not None:
             k = fed.clients_per_round
         elif fed.fraction is not None:
-            k = int(round(fed.fraction * self.data.n_clients))
+            k = round(fed.fraction * self.data.n_clients)
         else:
             k = self.data.n_clients
         if k > self.data.n_clients:

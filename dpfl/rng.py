@@ -51,7 +51,7 @@ class Seeds:
         g.manual_seed(self.seed(*path))
         return g
 
-    def crypto(self, *path: object) -> "CryptoRNG":
+    def crypto(self, *path: object) -> CryptoRNG:
         return CryptoRNG(key=derive_key(self.root, "crypto", *path))
 
 

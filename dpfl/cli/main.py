@@ -39,6 +39,9 @@ for _mod, _attr, _name, _help in _SUBAPPS:
             raise
         continue
     app.add_typer(getattr(_m, _attr), name=_name, help=_help)
+    if _name == "collab":  # `dpfl generate CONFIG` is the same command as `dpfl collab generate`
+        app.command("generate", help="Private dataset generation: teachers label public data by noisy max "
+                                     "(NPZ + CSV + privacy report).")(_m.generate_cmd)
 
 
 def _fail(e: Exception) -> None:
@@ -208,7 +211,9 @@ def _mount_bench(name: str, module: str, help: str) -> None:
 for _n, _m, _h in [("privacy", "dpfl.privacy.bench", "Time to account 10,000 rounds under each backend."),
                    ("secagg", "dpfl.secagg.bench", "Secure aggregation vs plain summation, 100 × 1.66 M."),
                    ("cs", "dpfl.compression.bench", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
-                   ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus.")]:
+                   ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus."),
+                   ("attacks", "dpfl.attacks.bench", "Membership-inference advantage of FL-STD, FL-SIGN and their DP versions."),
+                   ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes.")]:
     _mount_bench(_n, _m, _h)
 
 

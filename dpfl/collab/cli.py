@@ -91,7 +91,7 @@ def run_cmd(
 
 @app.command("generate")
 def generate_cmd(
-    config: Annotated[Path, typer.Argument(help="TOML config with a [generate] section")],
+    config: Annotated[Path, typer.Argument(help="TOML config with a \\[generate] section (e.g. dpfl/collab/configs/generate-fmnist.toml)")],
     out_dir: Annotated[Path | None, typer.Option(help="output folder (default: generate.out_dir)")] = None,
 ) -> None:
     """Train worker teachers, label public data by noisy max, write NPZ + CSV + privacy report."""

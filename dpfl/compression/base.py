@@ -31,7 +31,7 @@ class Payload:
             total += a[0].nbytes if k else 0
         return total
 
-    def row(self, i: int) -> "Payload":
+    def row(self, i: int) -> Payload:
         return Payload({name: a[i : i + 1] for name, a in self.arrays.items()}, dict(self.meta))
 
 

@@ -18,11 +18,9 @@ does not know (LSTM, Embedding, ...). Both give the same numbers up to float rou
 
 from __future__ import annotations
 
-
 import torch
-import torch.fx as fx
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 from torch.func import functional_call, grad, vmap
 
 from dpfl.engine.flat import FlatParams
@@ -33,7 +31,7 @@ _PARAMETRIC = (nn.Conv2d, nn.Linear)
 def _traceable(model: nn.Module) -> fx.GraphModule | None:
     try:
         gm = fx.symbolic_trace(model)
-    except Exception:
+    except Exception:  # noqa: BLE001 - fx raises many kinds; untraceable models use the vmap path
         return None
     mods = dict(gm.named_modules())
     for node in gm.graph.nodes:

@@ -25,9 +25,9 @@ from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poi
 from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
-from dpfl.secagg import RoundAborted
 from dpfl.schemes.base import RoundContext, SetupContext
 from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.secagg import RoundAborted
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -165,7 +165,7 @@ class Simulation:
 
     # ---- one round ----------------------------------------------------------------
     def _cohort(self, r: int) -> tuple[np.ndarray, np.ndarray]:
-        fed, cfg = self.fed, self.cfg
+        cfg = self.cfg
         n = cfg.data.n_clients
         if self.scheme.all_clients:
             cohort = np.arange(n)
@@ -194,15 +194,28 @@ class Simulation:
 
     def client_updates(self, ctx: RoundContext) -> torch.Tensor:
         """Local training of the answering cohort: Δw [k, n] (hook point for attacks)."""
-        mask = None
+        mask, plan = None, None
         for s in self.scheme.steps:
             m = s.train_mask(ctx)
             if m is not None:
                 mask = m if mask is None else (mask & m)
-        batches = self._batches(ctx.round, ctx.cohort)
+            p = s.local_training(ctx)
+            if p is not None:
+                if plan is not None:
+                    raise ConfigError(f"scheme {self.scheme.name}: more than one step changes per-client "
+                                      "local training (Step.local_training); at most one may")
+                plan = p
+        w, hook = self.w, None
+        if plan is not None:
+            if plan.mask is not None:
+                mask = plan.mask if mask is None else (mask & plan.mask)
+            w = self.w if plan.start is None else plan.start
+            hook = plan.grad_hook
+        batches = plan.batches if plan is not None and plan.batches is not None else \
+            self._batches(ctx.round, ctx.cohort)
         torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
         train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
-        u = train(self.w, self.fed.x, self.fed.y, batches, mask)
+        u = train(w, self.fed.x, self.fed.y, batches, mask, grad_hook=hook)
         if self.attack is not None:
             u = self.attack.tamper(self.attack.train(self, ctx, u), ctx)
         return u
@@ -263,7 +276,7 @@ class Simulation:
         self.cum["formula_up_bytes"] += c * formula_up
         self.cum["formula_down_bytes"] += c * self.scheme.downstream_bytes(ctx)
         rec_m: dict[str, Any] = {
-            "round": r, "selected": n_selected, "answered": int(len(cohort)),
+            "round": r, "selected": n_selected, "answered": len(cohort),
             "up_bytes": up, "down_bytes": down,
             # per client of the federation, cumulative: comparable with the thesis cost formula
             "cum_up_bytes_per_client": self.cum["up_bytes"] / n,
@@ -366,7 +379,7 @@ class Simulation:
 
     @classmethod
     def resume(cls, out_dir: str | Path, log: Callable[[str], None] = print,
-               rounds: int | None = None) -> "Simulation":
+               rounds: int | None = None) -> Simulation:
         out = Path(out_dir)
         if not (out / CONFIG).is_file() or not (out / CHECKPOINT).is_file():
             raise ConfigError(f"{out} is not a resumable run directory (needs {CONFIG} and {CHECKPOINT})")
@@ -383,6 +396,6 @@ class Simulation:
         return sim
 
 
-from dpfl.schemes.base import Step as _Step  # noqa: E402
+from dpfl.schemes.base import Step as _Step
 
 _base_privacy_events = _Step.privacy_events

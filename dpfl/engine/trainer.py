@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,17 @@ class LocalTraining:
     prox_mu: float = 0.0  # FedProx proximal term μ/2·‖w − w_global‖²
 
 
+GradHook = Callable[[int, slice, torch.Tensor, dict, dict], None]
+"""``grad_hook(t, rows, idx, params, grads)``: called once per local step t with the cohort rows
+being trained (`rows`, a slice of the full cohort: the trainer may split a cohort into chunks),
+their batch indices `idx` [k', B], the current parameters ``{name: [k', *shape]}`` and the loss
+gradients ``{name: [k', *shape]}``, which it may change in place (per-client gradient corrections:
+FedDyn's linear term, SVRG's control variate, per-client step sizes). Not called on the default
+path; when given, the low-rank fast path is off (every parameter is dense)."""
+
+
 class Trainer:
-    """Trains k copies of one model from the same starting point on k clients' batches."""
+    """Trains k copies of one model (from the same or per-client starting points) on k clients' batches."""
 
     def __init__(self, model: nn.Module, task: str, cfg: LocalTraining, mode: str = "auto",
                  max_cohort: int = 0, lowrank: bool = True):
@@ -39,30 +49,52 @@ class Trainer:
         self.lowrank = lowrank  # plain SGD: keep big Linear weights as W_0 − η·Σ GᵀX (see cohort.py)
 
     def train(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
-              mask: torch.Tensor | None = None, sign: torch.Tensor | None = None) -> torch.Tensor:
+              mask: torch.Tensor | None = None, sign: torch.Tensor | None = None,
+              grad_hook: GradHook | None = None) -> torch.Tensor:
         """Updates Δw [k, n] after local training.
 
         `batches` [k, T, B] indexes rows of `x`/`y` (each client's own samples);
-        `mask` bool [n]: only these coordinates move (the others stay at w: Top-K reset rule);
-        `sign` [k]: +1 for descent, −1 for gradient ascent (attacks).
+        `w` [n] is every client's starting point, or [k, n] one per client (personalised models;
+        Δw is then measured from each client's own start);
+        `mask` bool [n], or [k, n] per client: only these coordinates move (the others stay at
+        their start: Top-K reset rule, pruned sub-networks);
+        `sign` [k]: +1 for descent, −1 for gradient ascent (attacks);
+        `grad_hook(t, rows, idx, params, grads)`: optional per-client change of each step's loss
+        gradient, in place, before weight decay / prox / mask / optimizer (see `GradHook`).
         """
         k = batches.shape[0]
         if self.max_cohort and k > self.max_cohort:
             parts = []
             for s in range(0, k, self.max_cohort):
-                parts.append(self.train(w, x, y, batches[s : s + self.max_cohort], mask,
-                                        None if sign is None else sign[s : s + self.max_cohort]))
+                rows = slice(s, min(k, s + self.max_cohort))
+                parts.append(self._train(w, x, y, batches, mask, sign, grad_hook, rows))
             return torch.cat(parts)
+        return self._train(w, x, y, batches, mask, sign, grad_hook, slice(0, k))
+
+    def _train(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
+               mask: torch.Tensor | None, sign: torch.Tensor | None, grad_hook: GradHook | None,
+               rows: slice) -> torch.Tensor:
+        """Local training of the cohort rows `rows` (all per-client arguments are full-cohort)."""
+        if rows != slice(0, batches.shape[0]):
+            batches = batches[rows]
+            sign = None if sign is None else sign[rows]
+            w = w[rows] if w.dim() == 2 else w
+            mask = mask[rows] if mask is not None and mask.dim() == 2 else mask
+        k = batches.shape[0]
         cfg = self.cfg
         if cfg.optimizer not in ("sgd", "adam"):
             raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: sgd, adam")
+        per_client = w.dim() == 2
         plain_sgd = (cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay and not cfg.prox_mu
-                     and mask is None and self.lowrank)
+                     and mask is None and grad_hook is None and not per_client and self.lowrank)
         low_names = set(self.cohort.lowrank_candidates(batches.shape[1] * batches.shape[2])) if plain_sgd else set()
         w_parts = self.flat.views(w)
         params: dict[str, object] = {}
         for name, v in w_parts.items():
-            params[name] = LowRank(v, cfg.lr) if name in low_names else v.expand(k, *v.shape).clone()
+            if name in low_names:
+                params[name] = LowRank(v, cfg.lr)
+            else:
+                params[name] = v.clone() if per_client else v.expand(k, *v.shape).clone()
         m_parts = {} if mask is None else {n: v.to(w.dtype) for n, v in self.flat.views(mask).items()}
         use_m1 = cfg.optimizer == "adam" or cfg.momentum > 0
         dense = [n for n in params if n not in low_names]
@@ -78,6 +110,8 @@ class Trainer:
             else:
                 stacked = torch.cat([params[n].reshape(k, -1) for n in dense], 1)
                 grads = dict(zip(dense, self.cohort.client_grad_parts(stacked, xb, y[idx], sign)))
+            if grad_hook is not None:
+                grad_hook(t, rows, idx, params, grads)
             for n in dense:
                 q, g = params[n], grads[n]
                 if cfg.weight_decay:
@@ -107,9 +141,8 @@ class Trainer:
         return d
 
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
-                         mask: torch.Tensor | None = None, sign: torch.Tensor | None = None) -> torch.Tensor:
+                         mask: torch.Tensor | None = None, sign: torch.Tensor | None = None,
+                         grad_hook: GradHook | None = None) -> torch.Tensor:
         """Reference path: one client at a time (same math, no cohort batching)."""
-        rows = []
-        for c in range(batches.shape[0]):
-            rows.append(self.train(w, x, y, batches[c : c + 1], mask, None if sign is None else sign[c : c + 1]))
-        return torch.cat(rows)
+        return torch.cat([self._train(w, x, y, batches, mask, sign, grad_hook, slice(c, c + 1))
+                          for c in range(batches.shape[0])])

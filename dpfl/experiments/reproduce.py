@@ -103,7 +103,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
     t = Table(title=f"{table}: measured vs thesis (costs: cumulative {unit} per client of the population, "
                     "at the best round)")
     extra = [(k, label) for k, label in EXTRA
-             if any(k in ((r["summary"].get("best") or {})) or k in thesis.get(r["row"], {}) for r in results)]
+             if any(k in (r["summary"].get("best") or {}) or k in thesis.get(r["row"], {}) for r in results)]
     cols = ["row", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
             f"formula up {unit}", f"thesis up {unit}", f"down {unit}", f"thesis down {unit}", "ε", "thesis ε"]
     for _, label in extra:
@@ -126,7 +126,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
         meas = b.get(key)
         ref = th.get(key, th.get("accuracy"))
 
-        def per(k):
+        def per(k, b=b):
             v = b.get(k)
             return None if v is None else v / scale
 
@@ -145,5 +145,5 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
             cells += [f(b.get(k)), f(th.get(k))]
         out.append(row)
         t.add_row(*cells)
-    console.print(t)
+    console.print(t, width=max(console.width, 220))
     return out

@@ -28,8 +28,10 @@ def _fail(e: Exception) -> None:
 
 def _config_text(config: Path, overrides: list[str]) -> str:
     """The config as TOML text, validated, with --set overrides applied."""
+    from dpfl.cli.main import _resolve_config
     from dpfl.config import dump_config, load_config
 
+    config = _resolve_config(config)  # a path, or the name of a built-in config
     cfg = load_config(config, overrides)
     return dump_config(cfg) if overrides else config.read_text()
 
@@ -78,7 +80,7 @@ def app_cmd(
 
 @app.command("local")
 def local_cmd(
-    config: Annotated[Path, typer.Option("--config", "-c", help="dpfl run config (TOML); one SuperNode per client")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="dpfl run config (TOML file or built-in name, e.g. deploy-demo); one SuperNode per client")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key, e.g. "
                                                                  "--set federation.rounds=5")] = None,
     workdir: Annotated[Path | None, typer.Option(help="where the app, certificates, logs and results go "

@@ -28,7 +28,7 @@ from dpfl.engine.sampling import local_positions
 from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import ConfigError, DataError, ProtocolError
 from dpfl.rng import CryptoRNG, Seeds, derive_key
-from dpfl.schemes.base import RoundContext, SetupContext, Transport
+from dpfl.schemes.base import RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
 from dpfl.secagg import ring
 from dpfl.secagg.graph import default_threshold
@@ -62,6 +62,10 @@ def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
         from dpfl.schemes.aggregators import build_aggregator
 
         scheme.aggregator = build_aggregator(cfg.scheme.aggregator, dict(cfg.scheme.aggregator_options), env)
+    if any(type(s).local_training is not Step.local_training for s in scheme.steps):
+        raise ConfigError(f"scheme {cfg.scheme.name!r} changes local training per client (client state, "
+                          "personal masks or extra round trips: FedDyn, FSVRG, Sub-FedAvg); the Flower "
+                          "deployment does not support that yet, run it with the simulator")
     return scheme
 
 

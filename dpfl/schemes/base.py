@@ -4,7 +4,10 @@ A round, as the engine runs it:
 
 1. select the cohort; the server *broadcasts* the model (``Scheme.downstream_bytes``);
 2. every answering client trains locally (vectorized over the cohort) and produces its
-   update ``Δw`` as one row of ``u: Tensor[k, n]`` (flat parameters, ``named_parameters`` order);
+   update ``Δw`` as one row of ``u: Tensor[k, n]`` (flat parameters, ``named_parameters`` order).
+   A step may change local training for all clients (``train_mask``: a shared mask) or per
+   client (``local_training``: a ``ClientPlan`` with per-client starting points, masks, batches
+   and a gradient hook; FedDyn, FSVRG, Sub-FedAvg);
 3. ``u`` goes through ``step.client(u, ctx)`` for every step of the chain, in order
    (compress, clip, add a noise share, ...). Shapes may change (n → m);
 4. the *transport* encodes each client's row into the exact bytes it would send
@@ -83,6 +86,18 @@ class RoundContext:
         return self.seeds.torch("round", self.round, *purpose, device="cpu")
 
 
+@dataclass
+class ClientPlan:
+    """Per-client changes to this round's local training (rows follow ``RoundContext.cohort``).
+
+    Every field is optional; None keeps the engine's default."""
+
+    start: torch.Tensor | None = None  # [k, n] per-client starting points (Δw is measured from them)
+    mask: torch.Tensor | None = None  # bool [k, n]: coordinates each client may change
+    batches: torch.Tensor | None = None  # int64 [k, T, B] rows of the training data, replaces the sampler's
+    grad_hook: Any = None  # dpfl.engine.trainer.GradHook: per-step in-place change of the loss gradients
+
+
 class Step:
     """One named stage of a scheme. Override what you need; defaults pass through."""
 
@@ -93,6 +108,10 @@ class Step:
 
     def train_mask(self, ctx: RoundContext) -> torch.Tensor | None:
         """Optional bool[n]: coordinates local training may change this round (others reset)."""
+        return None
+
+    def local_training(self, ctx: RoundContext) -> ClientPlan | None:
+        """Optional per-client changes to local training this round (at most one step per scheme)."""
         return None
 
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:

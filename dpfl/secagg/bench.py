@@ -71,13 +71,18 @@ def run_bench(
     graphs: tuple[int | None, ...] = (None, 16, 8, 4),
     drop_frac: float = 0.0,
     corrupt_frac: float = 0.05,
-    round_seconds: float = 2.5,
+    round_seconds: float | None = None,
     seed: int = 0,
     workers: int | None = None,
     console: Console | None = None,
 ) -> dict:
     """Time one secure-aggregation round per neighbour graph (None = complete) and print a table."""
     console = console or Console()
+    if round_seconds is None:  # the reference: this machine's setting-D training round (vectorized engine)
+        from dpfl.engine.bench import training_round_seconds
+
+        round_seconds = training_round_seconds()
+        console.print(f"setting-D training round on this machine: {round_seconds:.2f} s")
     workers = default_workers() if workers is None else int(workers)
     k, n = int(clients), int(params)
     bits = sign_dp_bits(n, sigma, k)
@@ -187,7 +192,7 @@ def run_bench(
         table.add_row(*row)
     console.print(table)
     console.print(
-        f"overhead = (secure aggregation − plain sum) / {round_seconds} s round (wall and CPU seconds; "
+        f"overhead = (secure aggregation − plain sum) / {round_seconds:.2f} s round (wall and CPU seconds; "
         f"CPU counts all threads); 1 client s = one client's masking; security bits with "
         f"{round(corrupt_frac * k)} corrupt + {n_drop} dropped clients (dpfl.secagg.graph)"
     )

@@ -15,7 +15,6 @@ from dpfl.privacy import (
     calibrate_sigma,
     epsilon_for,
 )
-from dpfl.secagg import RoundAborted
 
 TIMING = ("train_seconds", "eval_seconds", "round_seconds", "step_secagg_seconds", "step_dp_noise_seconds")
 
