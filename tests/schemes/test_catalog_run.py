@@ -5,21 +5,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from dpfl.compression.subset import count_for_ratio
 from dpfl.config import load_config
 from dpfl.engine.simulator import Simulation
 from dpfl.errors import ConfigError
 from dpfl.experiments.reproduce import list_tables, table_rows
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _cfg(scheme, rounds=12, **opts):

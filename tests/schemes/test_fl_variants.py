@@ -19,14 +19,6 @@ from dpfl.errors import ConfigError
 from dpfl.models import build_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _cfg(scheme, rounds=12, partition="shards", checkpoint_every=10, lr=0.3, **opts):
     return load_config(data={
         "name": scheme, "seed": 2,

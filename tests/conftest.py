@@ -4,7 +4,8 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """Small tensors: one intra-op thread is faster, and fair on a shared 2-core machine."""
+    """Tests use small tensors: one intra-op thread is faster, and two test processes sharing a
+    2-core machine do not oversubscribe it."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
