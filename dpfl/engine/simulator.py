@@ -311,7 +311,7 @@ class Simulation:
             keep = ("round", "accuracy", "balanced_accuracy", "auroc", "loss", "epsilon",
                     "cum_up_bytes_per_client", "cum_down_bytes_per_client",
                     "formula_up_bytes_per_client", "formula_down_bytes_per_client",
-                    "source_accuracy", "attack_success")
+                    "source_accuracy", "attack_success", "step_up_bits_per_value")
             self.best = {k: m[k] for k in keep if k in m}
             self.best["metric"] = key
 

@@ -94,7 +94,9 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     return compare
 
 
-EXTRA = (("source_accuracy", "source acc"), ("attack_success", "attack success"))
+# (measured key at the best round, thesis.json key, column label)
+EXTRA = (("source_accuracy", "source_accuracy", "source acc"), ("attack_success", "attack_success", "attack success"),
+         ("step_up_bits_per_value", "bits", "bits/param"))
 
 
 def print_comparison(table: str, thesis: dict, results: list[dict], console: Console) -> list[dict]:
@@ -102,11 +104,11 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
     scale = UNITS[unit]
     t = Table(title=f"{table}: measured vs thesis (costs: cumulative {unit} per client of the population, "
                     "at the best round)")
-    extra = [(k, label) for k, label in EXTRA
-             if any(k in (r["summary"].get("best") or {}) or k in thesis.get(r["row"], {}) for r in results)]
+    extra = [(k, tk, label) for k, tk, label in EXTRA
+             if any(k in (r["summary"].get("best") or {}) or tk in thesis.get(r["row"], {}) for r in results)]
     cols = ["row", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
             f"formula up {unit}", f"thesis up {unit}", f"down {unit}", f"thesis down {unit}", "ε", "thesis ε"]
-    for _, label in extra:
+    for _, _, label in extra:
         cols += [label, f"thesis {label}"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("row", "metric") else "right")
@@ -140,10 +142,13 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
                  f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
                  f(row["thesis_up"], 2), f(row["down"], 2), f(row["thesis_down"], 2), f(row["epsilon"], 3),
                  f(row["thesis_epsilon"], 2)]
-        for k, _ in extra:
-            row[k], row[f"thesis_{k}"] = b.get(k), th.get(k)
-            cells += [f(b.get(k)), f(th.get(k))]
+        for k, tk, _ in extra:
+            row[k], row[f"thesis_{tk}"] = b.get(k), th.get(tk)
+            cells += [f(b.get(k)), f(th.get(tk))]
         out.append(row)
         t.add_row(*cells)
-    console.print(t, width=max(console.width, 220))
+    width = console.width
+    console.width = max(width, 220)  # a wide table: never truncate numbers, also when piped to a file
+    console.print(t)
+    console.width = width
     return out
