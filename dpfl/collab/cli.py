@@ -47,7 +47,8 @@ def run_cmd(
 
     try:
         cfg = load_config(config)
-        res = run_experiment(cfg)
+        console = Console()
+        res = run_experiment(cfg, log=console.print)
     except DpflError as e:
         _fail(e)
     path = out or Path(cfg.out)

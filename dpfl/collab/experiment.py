@@ -42,7 +42,7 @@ def make_workers(cfg: ExperimentConfig, ds, k: int) -> list[Worker]:
     return workers
 
 
-def run_workers(cfg: ExperimentConfig, ds, k: int) -> dict:
+def run_workers(cfg: ExperimentConfig, ds, k: int, log=None) -> dict:
     """Run the configured algorithms with K workers; per-epoch accuracies and traffic."""
     c = cfg.collab
     seeds = Seeds(cfg.seed)
@@ -84,8 +84,13 @@ def run_workers(cfg: ExperimentConfig, ds, k: int) -> dict:
             on_epoch=on_epoch("fedavg"),
             **common,
         )
-    for name, log in logs.items():
-        out[name] = log.summary()
+    for name, alg_log in logs.items():
+        out[name] = alg_log.summary()
+        if log is not None:
+            hist = out[name]["history"][-1] if out[name].get("history") else {}
+            acc = hist.get("worker_accuracy") or []
+            log(f"K = {k:>3} {name:<12} final mean worker accuracy "
+                f"{sum(acc) / len(acc) if acc else float('nan'):.4f}")
     if "fedcollab" in logs and "independent" in logs:
         # B1.5: Alg. 2 equals independent training with lr·w up to float rounding.
         diffs = [
@@ -99,12 +104,13 @@ def run_workers(cfg: ExperimentConfig, ds, k: int) -> dict:
     return out
 
 
-def run_experiment(cfg: ExperimentConfig) -> dict:
+def run_experiment(cfg: ExperimentConfig, log=None) -> dict:
+    """log: optional callable taking one progress line per (K, algorithm)."""
     ds = load_data(cfg)
     return {
         "config": cfg.model_dump(),
         "dataset": ds.name,
         "n_train": ds.n_train,
         "n_test": ds.n_test,
-        "runs": [run_workers(cfg, ds, k) for k in cfg.collab.workers],
+        "runs": [run_workers(cfg, ds, k, log) for k in cfg.collab.workers],
     }
