@@ -43,7 +43,41 @@ def _traceable(model: nn.Module) -> fx.GraphModule | None:
                 return None
             if isinstance(m, nn.Conv2d) and (m.padding_mode != "zeros" or isinstance(m.padding, str)):
                 return None
+    _pool_before_relu(gm)
     return gm
+
+
+def _pool_before_relu(gm: fx.GraphModule) -> None:
+    """Rewrite ReLU → MaxPool2d as MaxPool2d → ReLU: the same values and the same gradients
+    (ReLU is monotone, ReLU'(x ≤ 0) = 0 either way), with ReLU and its backward on a 4× smaller
+    tensor."""
+    mods = dict(gm.named_modules())
+
+    def is_relu(n: fx.Node) -> bool:
+        if n.op == "call_module":
+            return isinstance(mods[n.target], nn.ReLU)
+        return n.op == "call_function" and n.target in (F.relu, torch.relu) and len(n.args) == 1
+
+    def is_pool(n: fx.Node) -> bool:
+        return (n.op == "call_module" and isinstance(mods[n.target], nn.MaxPool2d)
+                and not mods[n.target].return_indices and len(n.args) == 1)
+
+    changed = False
+    for relu in list(gm.graph.nodes):
+        if not is_relu(relu) or len(relu.users) != 1:
+            continue
+        pool = next(iter(relu.users))
+        if not is_pool(pool) or pool.args[0] is not relu:
+            continue
+        src = relu.args[0]
+        pool.replace_all_uses_with(relu)
+        pool.args = (src,)
+        relu.args = (pool,)
+        pool.append(relu)  # relu now runs after the pool
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
 
 
 def loss_per_sample(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
