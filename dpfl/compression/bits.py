@@ -70,6 +70,23 @@ def random_sign(x: np.ndarray, rng: np.random.Generator | None = None) -> np.nda
     return out
 
 
+def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
+    """`random_sign` of each row of a [k, n] tensor, row i's zeros drawn from `rng_for_row(i)`:
+    the same int8 result as calling `random_sign` row by row, computed in torch (multi-threaded);
+    the generator of a row without zeros is never created."""
+    if x.dim() != 2:
+        raise DataError(f"sign input must have shape [k, n], got shape {tuple(x.shape)}")
+    if x.dtype == torch.bool or x.is_complex():
+        raise DataError(f"sign input must be numeric, got dtype {x.dtype}")
+    if x.is_floating_point() and torch.isnan(x).any():
+        raise DataError("sign input contains NaN; the sign of NaN is undefined")
+    out = (x > 0).to(torch.int8) * 2 - 1
+    for i in torch.nonzero((x == 0).any(1)).flatten().tolist():
+        row = random_sign(x[i : i + 1].detach().cpu().numpy(), rng_for_row(i))
+        out[i] = torch.from_numpy(row[0]).to(out.device)
+    return out
+
+
 def pack_signs(x: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
     """Pack `random_sign(x, rng)` of a [k, n] array into uint8 [k, ceil(n/8)] (bit 1 = positive)."""
     x = _as_2d(np.asarray(x), "sign input")
@@ -183,7 +200,13 @@ class SignCodec(Codec):
     bits_per_value = 1
 
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
-        x = rows.detach().to("cpu").numpy()
+        t = rows.detach().to("cpu")
+        if t.dim() == 2 and t.dtype != torch.bool and not t.is_complex() and not (t == 0).any() \
+                and not (t.is_floating_point() and torch.isnan(t).any()):
+            # no zero and no NaN: random_sign(x) > 0 is x > 0 (no random draw); torch is multi-threaded
+            return Payload({"signs": np.packbits((t > 0).numpy(), axis=-1, bitorder="little")},
+                           {"n": int(t.shape[1])})
+        x = t.numpy()
         return Payload({"signs": pack_signs(x, rng)}, {"n": int(x.shape[1])})
 
     def decode(self, payload: Payload, d: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dpfl.compression.bits import SignCodec, random_sign
+from dpfl.compression.bits import SignCodec, random_sign, random_sign_rows
 from dpfl.errors import ConfigError
 from dpfl.schemes.base import RoundContext, SetupContext, Step
 
@@ -42,8 +42,9 @@ class SignStep(Step):
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         # ties drawn per client (row i is client ctx.cohort[i]): a deployed client holding its
         # own row draws what the simulator draws for it
-        return torch.cat([_sign(u[i : i + 1], ctx.numpy_rng("sign", "client-zeros", int(c)))
-                          for i, c in enumerate(ctx.cohort)]) if len(ctx.cohort) else u.to(torch.int8)
+        if not len(ctx.cohort):
+            return u.to(torch.int8)
+        return random_sign_rows(u.detach(), lambda i: ctx.numpy_rng("sign", "client-zeros", int(ctx.cohort[i])))
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         vote = _sign(agg, ctx.numpy_rng("sign", "server-ties"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from dpfl.compression.base import Codec, Float32Codec
@@ -19,8 +20,16 @@ class PlainTransport(Transport):
     def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
         payload = self.codec.encode(u, ctx.numpy_rng("encode"))
         rows = self.codec.decode(payload, u.shape[1]).to(u.device)
-        return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
+        return Received(rows=rows, total=sum_rows(rows), count=rows.shape[0],
                         upstream_bytes=payload.per_client_nbytes())
+
+
+def sum_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Σ over clients (dim 0). Small integer rows on CPU are summed by NumPy into int64 (exact,
+    like torch's sum, and ~6× faster than torch's int8 column reduction)."""
+    if rows.device.type == "cpu" and rows.dtype in (torch.int8, torch.int16, torch.int32):
+        return torch.from_numpy(rows.numpy().sum(0, dtype=np.int64))
+    return rows.sum(0)
 
 
 class SumAggregator(Aggregator):

@@ -113,3 +113,34 @@ def test_codecs_count_exact_wire_bytes():
     assert torch.equal(UIntCodec(64).decode(UIntCodec(64).encode(neg), 4), neg)
     with pytest.raises(DataError, match="integer tensor"):
         c.encode(rows)
+
+
+def test_random_sign_rows_and_sign_codec_fast_paths_equal_the_numpy_reference():
+    """The torch paths (rows without zeros skip the generator) give the bytes and signs of
+    `random_sign` / `pack_signs` row by row, with zeros, integers and NaN handled alike."""
+    import torch
+
+    from dpfl.compression.bits import SignCodec, random_sign_rows
+    from dpfl.schemes.transport import sum_rows
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 1001, generator=g)
+    x[2, ::7] = 0.0
+    x[5, 3] = 0.0
+    ref = np.concatenate([random_sign(x[i : i + 1].numpy(), np.random.default_rng(i)) for i in range(6)])
+    got = random_sign_rows(x, lambda i: np.random.default_rng(i))
+    assert np.array_equal(got.numpy(), ref)
+    used = []
+    random_sign_rows(x, lambda i: used.append(i) or np.random.default_rng(i))
+    assert used == [2, 5]
+    codec = SignCodec()
+    for rows in (x, got, x.to(torch.int32)):
+        fast = codec.encode(rows, np.random.default_rng(9)).arrays["signs"]
+        assert np.array_equal(fast, pack_signs(rows.numpy(), np.random.default_rng(9)))
+    assert torch.equal(sum_rows(got), got.sum(0))
+    bad = x.clone()
+    bad[1, 0] = float("nan")
+    with pytest.raises(DataError, match="NaN"):
+        random_sign_rows(bad, lambda i: np.random.default_rng(i))
+    with pytest.raises(DataError, match="NaN"):
+        codec.encode(bad, np.random.default_rng(0))
