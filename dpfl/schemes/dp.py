@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -96,7 +97,7 @@ def clip_rows(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray]:
     the cast back. A row with NaN or ±inf (diverged local training) becomes 0, so every input
     lands in the S-ball. Returns (û, bool [k] rows that were scaled or zeroed)."""
     x = u.detach()
-    bad = ~torch.isfinite(x).all(dim=1)
+    bad = ~finite_rows(x)
     if bool(bad.any()):
         x = x.clone()
         x[bad] = 0
@@ -110,6 +111,15 @@ def clip_rows(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray]:
             return out, (over | bad).cpu().numpy()
         out[high] *= 1 - 1e-6
     raise RuntimeError("clipping did not converge")  # unreachable for finite inputs
+
+
+def finite_rows(x: torch.Tensor) -> torch.Tensor:
+    """bool [k]: rows without NaN or ±inf. One pass, no [k, n] temporary: min and max propagate
+    NaN and are infinite exactly when the row holds an infinity."""
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    lo, hi = torch.aminmax(x, dim=1)
+    return torch.isfinite(lo) & torch.isfinite(hi)
 
 
 def _row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +151,7 @@ class Clip(Step):
             raise ConfigError(f"clipping needs real-valued updates, got {u.dtype}")
         out, over = clip_rows(u, self.bound)
         ctx.metrics["dp_clip_fraction"] = float(over.mean()) if over.size else 0.0
-        nonfinite = int((~torch.isfinite(u).all(dim=1)).sum())
+        nonfinite = int((~finite_rows(u.detach())).sum())
         if nonfinite:
             ctx.metrics["dp_nonfinite_rows"] = nonfinite
         ctx.metrics["dp_clip_bound"] = self.bound
@@ -221,10 +231,15 @@ class GaussianNoise(Step):
         std = self.share_std(k)
         skip = _omitted(ctx, k)
         out = u.detach().to("cpu").clone()
-        for i, c in enumerate(ctx.cohort):  # row by row: bounded float64 memory
-            if not skip[i]:
-                z = gaussian_noise(out.shape[1], std, ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
-                out[i] = (out[i].to(torch.float64) + torch.from_numpy(z)).to(out.dtype)
+
+        def add_share(i: int) -> None:  # row by row: bounded float64 memory; rows are independent
+            c = int(ctx.cohort[i])
+            z = gaussian_noise(out.shape[1], std, ctx.seeds.crypto("round", ctx.round, "dp-share", c))
+            out[i] = (out[i].to(torch.float64) + torch.from_numpy(z)).to(out.dtype)
+
+        # each client's share comes from its own generator: threads change nothing but the wall time
+        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+            list(pool.map(add_share, [i for i in range(len(ctx.cohort)) if not skip[i]]))
         if self.noise == "local":
             self.participation.record(np.asarray(ctx.cohort))
         ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
