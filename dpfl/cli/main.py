@@ -162,6 +162,8 @@ def reproduce(
     out: Path = typer.Option(Path("runs/reproduce"), "--out", "-o", help="Parent directory of the row runs."),
     set_: list[str] = typer.Option([], "--set", help="Config override applied to every row."),
     accountant: str = typer.Option(None, "--accountant", help="Re-calibrate DP rows' σ under this accountant."),
+    report_only: bool = typer.Option(False, "--report-only",
+                                     help="Run nothing: compare the runs already under --out (e.g. records)."),
 ) -> None:
     """Run a thesis table's rows (resuming finished/partial rows) and print measured vs thesis."""
     from dpfl.experiments.reproduce import list_tables, reproduce_table
@@ -172,7 +174,7 @@ def reproduce(
                 console.print(f"{name:14s} {desc}")
             return
         reproduce_table(table, rows=rows, rounds=rounds, out=out, overrides=set_, accountant=accountant,
-                        console=console, execute=execute)
+                        console=console, execute=execute, report_only=report_only)
     except DpflError as e:
         _fail(e)
 

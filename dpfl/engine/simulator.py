@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -346,7 +347,7 @@ class Simulation:
         return summary
 
     def summary(self) -> dict[str, Any]:
-        return {"name": self.cfg.name, "scheme": self.scheme.name, "describe": self.scheme.describe(),
+        return {"machine": machine(self.device), "name": self.cfg.name, "scheme": self.scheme.name, "describe": self.scheme.describe(),
                 "dataset": self.fed.source, "n_params": self.flat.n, "rounds_run": self.round,
                 "best": self.best, "stopped": self.stopped_reason,
                 "epsilon_final": None if self.ledger is None else self.ledger.epsilon(self.cfg.privacy.delta),
@@ -394,6 +395,21 @@ class Simulation:
         kept = [ln for ln in lines if ln and json.loads(ln)["round"] <= sim.round]
         (out / METRICS).write_text("".join(ln + "\n" for ln in kept))
         return sim
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """Where a run finished: what a reader needs to compare its wall times."""
+    cpu = ""
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    out = {"cpu": cpu or platform.processor(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
 
 
 from dpfl.schemes.base import Step as _Step

@@ -5,6 +5,8 @@ run configs) and `thesis.json`: `{"_table": {"description": ..., "unit": "KB"|"M
 "<row>": {"accuracy": .., "round": .., "up": .., "down": .., "epsilon": .., "bits": ..}}`.
 Rows run one at a time into `<out>/<table>/<row>/`; a finished row is not run again and an
 interrupted one resumes from its checkpoint, because a full table takes hours on a CPU.
+With `report_only`, nothing runs: the comparison is printed from the run directories already
+under `<out>` (finished or partial), e.g. the committed records in `records/`.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
 
 
 def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, overrides: list[str],
-                    accountant: str | None, console: Console, execute: Callable) -> list[dict]:
+                    accountant: str | None, console: Console, execute: Callable,
+                    report_only: bool = False) -> list[dict]:
     from dpfl.config import load_config
     from dpfl.engine.simulator import Simulation
 
@@ -54,12 +57,14 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     unknown = [r for r in chosen if r not in all_rows]
     if unknown:
         raise ConfigError(f"table {table}: unknown row(s) {unknown}; rows: {', '.join(all_rows)}")
+    base = out / (table + (f"-{accountant}" if accountant else ""))
+    if report_only:
+        return report_table(table, thesis, chosen, base, console)
     sets = list(overrides)
     if rounds is not None:
         sets.append(f"federation.rounds={rounds}")
     if accountant is not None:
         sets.append(f'privacy.accountant="{accountant}"')
-    base = out / (table + (f"-{accountant}" if accountant else ""))
     results = []
     for row in chosen:
         run_dir = base / row
@@ -70,7 +75,8 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
                 s = json.loads(summary_file.read_text())
                 if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
                     console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
-                    results.append({"row": row, "summary": s, "dir": str(run_dir)})
+                    results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds},
+                                    "dir": str(run_dir)})
                     continue
             if (run_dir / "checkpoint.pt").is_file():
                 sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds)
@@ -83,7 +89,8 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
             continue
         console.print(f"{row}: {sim.scheme.describe()}")
         s = execute(sim, row)
-        results.append({"row": row, "summary": s, "dir": str(run_dir)})
+        results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds},
+                        "dir": str(run_dir)})
     compare = print_comparison(table, thesis, results, console)
     base.mkdir(parents=True, exist_ok=True)
     (base / "results.json").write_text(json.dumps(compare, indent=2))
@@ -91,6 +98,29 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
 
     ran = [r for r in results if "skipped" not in r["summary"]]
     write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in ran], base, console)
+    return compare
+
+
+def report_table(table: str, thesis: dict, chosen: list[str], base: Path, console: Console) -> list[dict]:
+    """Measured vs thesis from existing run directories under `base`; rows never run are listed as such."""
+    from dpfl.config import load_config
+    from dpfl.experiments.report import load_run
+
+    results, missing = [], []
+    for row in chosen:
+        run_dir = base / row
+        if not (run_dir / "metrics.jsonl").is_file():
+            missing.append(row)
+            continue
+        summary, metrics = load_run(run_dir)
+        summary.setdefault("rounds_run", len(metrics))
+        summary["rounds_planned"] = load_config(run_dir / "config.toml").federation.rounds
+        results.append({"row": row, "summary": summary, "dir": str(run_dir)})
+    if not results:
+        raise ConfigError(f"no run of {table} under {base}; run it with `dpfl reproduce {table}`")
+    compare = print_comparison(table, thesis, results, console)
+    if missing:
+        console.print(f"not run yet: {', '.join(missing)}")
     return compare
 
 
@@ -106,7 +136,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
                     "at the best round)")
     extra = [(k, tk, label) for k, tk, label in EXTRA
              if any(k in (r["summary"].get("best") or {}) or tk in thesis.get(r["row"], {}) for r in results)]
-    cols = ["row", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
+    cols = ["row", "rounds run", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
             f"formula up {unit}", f"thesis up {unit}", f"down {unit}", f"thesis down {unit}", "ε", "thesis ε"]
     for _, _, label in extra:
         cols += [label, f"thesis {label}"]
@@ -121,7 +151,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
         th = thesis.get(r["row"], {})
         if "skipped" in r["summary"]:
             out.append({"row": r["row"], "skipped": r["summary"]["skipped"], "dir": r["dir"]})
-            t.add_row(r["row"], "skipped", *["-"] * (len(cols) - 2))
+            t.add_row(r["row"], "-", "skipped", *["-"] * (len(cols) - 3))
             continue
         b = r["summary"].get("best") or {}
         key = b.get("metric", "accuracy")
@@ -138,7 +168,10 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
                "down": per("cum_down_bytes_per_client"), "thesis_down": th.get("down"),
                "epsilon": b.get("epsilon"), "thesis_epsilon": th.get("epsilon"), "dir": r["dir"],
                "rounds_run": r["summary"].get("rounds_run")}
-        cells = [r["row"], key, f(meas), f(ref), "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
+        ran, planned = r["summary"].get("rounds_run"), r["summary"].get("rounds_planned")
+        if planned is not None:
+            row["rounds_planned"] = planned
+        cells = [r["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), key, f(meas), f(ref), "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
                  f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
                  f(row["thesis_up"], 2), f(row["down"], 2), f(row["thesis_down"], 2), f(row["epsilon"], 3),
                  f(row["thesis_epsilon"], 2)]

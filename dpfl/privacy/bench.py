@@ -1,5 +1,5 @@
 """``dpfl bench privacy``: measured time to account many rounds under each backend, and the
-throughput of the fast discrete-Gaussian sampler."""
+throughput of the fast discrete-Gaussian sampler and of one client's Gaussian noise share."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.table import Table
 
 from dpfl.privacy.events import SampledGaussianEvent
 from dpfl.privacy.ledger import ACCOUNTANTS, Ledger
+from dpfl.privacy.mechanisms import gaussian_noise
 from dpfl.privacy.samplers import discrete_gaussian
 from dpfl.rng import CryptoRNG
 
@@ -34,6 +35,8 @@ def run_bench(
     per_round_pld: int = 200,
     sampler_samples: int = 16_633_700,
     sampler_sigma: float = 198.6,
+    share_size: int = 1_663_370,
+    shares: int = 10,
 ) -> dict:
     ev = SampledGaussianEvent(sigma, q)
 
@@ -81,6 +84,12 @@ def run_bench(
         "projected_s_per_166M": 166_337_000 / sampler_samples * w,
     }
 
+    # one client's FL-STD-DP share per call, from its own seeded CryptoRNG (as in dpfl.schemes.dp)
+    w, c, _ = _timed(lambda: [gaussian_noise(share_size, 0.33, CryptoRNG(key=bytes([i]) * 32))
+                              for i in range(shares)], 1)
+    result["gaussian_share"] = {"size": share_size, "shares": shares, "wall_s": w, "cpu_s": c,
+                                "s_per_share": w / shares, "projected_s_per_100": 100 * w / shares}
+
     table = Table(title=f"privacy accounting: sigma={sigma}, q={q:.4g}, delta={delta:g}")
     for col in ("accountant", "workload", "wall ms", "cpu ms", "epsilon"):
         table.add_column(col, justify="right" if col != "workload" else "left")
@@ -93,5 +102,8 @@ def run_bench(
         f"{result['sampler']['cpu_s'] * 1e3:.0f}",
         "",
     )
+    table.add_row("sampler", f"gaussian_noise: {shares} client shares of {share_size:,} (CryptoRNG each); "
+                  f"100 shares ≈ {result['gaussian_share']['projected_s_per_100']:.2f} s",
+                  f"{w * 1e3:.0f}", f"{c * 1e3:.0f}", "")
     Console().print(table)
     return result

@@ -47,12 +47,19 @@ def laplace_noise(shape, scale: float, rng=None, *, secure: bool = False) -> np.
 
 
 def gaussian_noise(shape, sigma: float, rng=None, *, secure: bool = False) -> np.ndarray:
-    """N(0, sigma^2) noise (Box-Muller on uniforms in (0, 1))."""
+    """N(0, sigma^2) noise in float64: Box-Muller on 53-bit uniforms in (0, 1), both outputs of
+    each pair used (r·cos θ fills the first half, r·sin θ the second)."""
+    import torch  # vectorized float64 log/sin/cos (SLEEF): ~4x NumPy's on one core
+
     s = _pos("sigma", sigma)
     src = source(rng, secure)
     n = int(np.prod(shape))
-    u = src.uniform_open(2 * n).reshape(2, n)
-    return (s * np.sqrt(-2 * np.log(u[0])) * np.cos(2 * np.pi * u[1])).reshape(shape)
+    k = (n + 1) // 2
+    u = torch.from_numpy(src.uniform_open(2 * k)).view(2, k)
+    r = torch.sqrt(torch.log(u[0]).mul_(-2.0)).mul_(s)
+    theta = u[1].mul_(2 * np.pi)
+    z = torch.cat((r * torch.cos(theta), r.mul_(torch.sin(theta))))[:n]
+    return z.numpy().reshape(shape)
 
 
 def laplace_mechanism(value, scale: float, rng=None, *, secure: bool = False):

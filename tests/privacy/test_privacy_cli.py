@@ -101,7 +101,9 @@ def test_cli_errors_are_clear():
 
 
 def test_bench_smoke():
-    r = run_bench(rounds=50, repeats=1, per_round_pld=2, sampler_samples=10_000, sampler_sigma=3.0)
+    r = run_bench(rounds=50, repeats=1, per_round_pld=2, sampler_samples=10_000, sampler_sigma=3.0,
+                  share_size=1_001, shares=2)
     for acc in ("moments", "rdp", "pld"):
         assert r["accountants"][acc]["self_composed_wall_s"] > 0 and r["accountants"][acc]["epsilon"] > 0
     assert r["sampler"]["samples"] == 10_000 and r["sampler"]["wall_s"] > 0
+    assert r["gaussian_share"]["shares"] == 2 and r["gaussian_share"]["s_per_share"] > 0

@@ -24,6 +24,21 @@ def test_laplace_and_gaussian_noise_distributions(rng):
     assert np.allclose(out.mean(axis=0), v, atol=0.02)
 
 
+@pytest.mark.parametrize("n", [200_001, 200_000])
+def test_gaussian_noise_both_box_muller_halves_are_normal_and_uncorrelated(n):
+    """Each pair (u1, u2) gives r·cos θ (first half) and r·sin θ (second half): both halves must be
+    N(0, σ²) and the two members of a pair uncorrelated (n odd: the last sine is dropped)."""
+    z = M.gaussian_noise(n, 3.0, CryptoRNG(key=b"p" * 32))
+    k = (n + 1) // 2
+    assert z.shape == (n,) and z.dtype == np.float64
+    for half in (z[:k], z[k:]):
+        assert stats.kstest(half, "norm", args=(0, 3.0)).pvalue > 1e-3
+    m = n - k
+    assert abs(np.corrcoef(z[:m], z[k:])[0, 1]) < 5 / math.sqrt(m)
+    # the squared radius of a pair is 2·Exp(1)·σ²
+    assert stats.kstest((z[:m] ** 2 + z[k:] ** 2) / 9.0, "expon", args=(0, 2)).pvalue > 1e-3
+
+
 def test_same_seed_same_noise():
     a = M.gaussian_noise(100, 1.0, CryptoRNG(key=bytes(32)))
     b = M.gaussian_noise(100, 1.0, CryptoRNG(key=bytes(32)))

@@ -1,0 +1,81 @@
+"""`dpfl reproduce --report-only` and the committed run records under `records/`."""
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dpfl.config import load_config
+from dpfl.engine.simulator import Simulation
+from dpfl.errors import ConfigError
+from dpfl.experiments.report import best_round, load_run
+from dpfl.experiments.reproduce import reproduce_table, table_rows
+
+RECORDS = Path(__file__).resolve().parents[2] / "records"
+
+
+def _tiny(rounds):
+    return load_config(data={
+        "name": "tiny-rnd", "seed": 1,
+        "data": {"dataset": "digits", "n_clients": 20},
+        "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 16}},
+        "train": {"steps": 2, "batch_size": 8, "lr": 0.2},
+        "federation": {"rounds": rounds, "clients_per_round": 5},
+        "scheme": {"name": "fl-rnd", "options": {"ratio": 0.5}},
+    })
+
+
+def _never(*a):
+    raise AssertionError("report-only must not run anything")
+
+
+def test_report_only_compares_existing_runs_and_runs_nothing(tmp_path):
+    done = tmp_path / "table-4.2" / "fl-rnd_r0.1"
+    Simulation(_tiny(3), done, log=lambda s: None).run()
+    partial = tmp_path / "table-4.2" / "fl-cs_r0.1"  # a run cut short: metrics but no summary
+    sim = Simulation(_tiny(4), partial, log=lambda s: None)
+    sim.run()
+    (partial / "summary.json").unlink()
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+
+    console = Console(record=True, width=250)
+    out = reproduce_table("table-4.2", rows=["fl-rnd_r0.1", "fl-cs_r0.1", "fl-cs_r0.2"], rounds=None,
+                          out=tmp_path, overrides=[], accountant=None, console=console, execute=_never,
+                          report_only=True)
+    by_row = {r["row"]: r for r in out}
+    assert set(by_row) == {"fl-rnd_r0.1", "fl-cs_r0.1"}
+    m = [json.loads(x) for x in (done / "metrics.jsonl").read_text().splitlines()]
+    assert by_row["fl-rnd_r0.1"]["measured"] == max(r["accuracy"] for r in m)
+    assert by_row["fl-rnd_r0.1"]["thesis"] == table_rows("table-4.2")[0]["fl-rnd_r0.1"]["accuracy"]
+    assert by_row["fl-cs_r0.1"]["rounds_run"] == 2 and by_row["fl-cs_r0.1"]["rounds_planned"] == 4
+    text = console.export_text()
+    assert "2/4" in text and "not run yet: fl-cs_r0.2" in text
+    assert not (tmp_path / "table-4.2" / "results.json").exists()  # reporting writes nothing
+
+
+def test_report_only_without_runs_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="no run of table-4.4"):
+        reproduce_table("table-4.4", rows=[], rounds=None, out=tmp_path, overrides=[], accountant=None,
+                        console=Console(), execute=_never, report_only=True)
+
+
+def _record_dirs():
+    return sorted(p.parent for p in RECORDS.glob("*/*/metrics.jsonl"))
+
+
+@pytest.mark.parametrize("run_dir", _record_dirs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_record_is_consistent(run_dir):
+    """A committed record is a real run's output: its table row exists, its config loads, the rounds
+    are consecutive, and the summary's best round is the best of its metrics (nothing edited by hand)."""
+    table, row = run_dir.parent.name.split("-pld")[0], run_dir.name
+    assert row in table_rows(table)[1]
+    cfg = load_config(run_dir / "config.toml")
+    summary, metrics = load_run(run_dir)
+    assert [m["round"] for m in metrics] == list(range(1, len(metrics) + 1))
+    assert len(metrics) <= cfg.federation.rounds
+    best, recomputed = summary["best"], best_round(metrics)
+    key = best["metric"]
+    assert (best["round"], best[key]) == (recomputed["round"], recomputed[key])
+    assert summary.get("rounds_run", len(metrics)) == len(metrics)
