@@ -194,19 +194,14 @@ class _Participation:
         self.max = int(st["max"])
 
 
-class GaussianNoise(Step):
-    """Gaussian noise for client-level DP with sensitivity S (read from `clip`), multiplier σ.
+class _NoiseStep(Step):
+    """What both noise steps share: σ, q, l, placement, local-noise participation, state."""
 
-    distributed: share G(0, (Sσ)²/(k − l)) per client; local: G(0, (Sσ)²) per client;
-    central: the server adds G(0, (Sσ)²) to the sum (to the mean: G(0, (Sσ/|K|)²)).
-    Draws come from a CryptoRNG per (round, client) (per round for the server).
-    """
+    label = ""  # the name in `describe`
 
-    name = "gaussian_noise"
-
-    def __init__(self, sigma: float, clip: Clip, q: float, tolerate: int = 0, noise: str = "distributed"):
+    def __init__(self, sigma: float, q: float, tolerate: int = 0, noise: str = "distributed"):
         self.sigma = _positive("noise multiplier σ", sigma)
-        self.clip, self.q = clip, float(q)
+        self.q = float(q)
         self.tolerate, self.noise = check_tolerate(tolerate), check_placement(noise)
         if self.noise != "distributed" and self.tolerate:
             raise ConfigError(f"tolerate = {tolerate} only applies to distributed noise (got noise = {noise!r})")
@@ -215,6 +210,31 @@ class GaussianNoise(Step):
     def setup(self, ctx: SetupContext) -> None:
         if self.noise == "local":
             self.participation.setup(ctx.n_clients)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"participation": self.participation.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.participation.load(state["participation"])
+
+    def describe(self) -> str:
+        tol = f", l={self.tolerate}" if self.tolerate else ""
+        return f"{self.label}(σ={self.sigma:.6g}, {self.noise}{tol}, q={self.q:.6g})"
+
+
+class GaussianNoise(_NoiseStep):
+    """Gaussian noise for client-level DP with sensitivity S (read from `clip`), multiplier σ.
+
+    distributed: share G(0, (Sσ)²/(k − l)) per client; local: G(0, (Sσ)²) per client;
+    central: the server adds G(0, (Sσ)²) to the sum (to the mean: G(0, (Sσ/|K|)²)).
+    Draws come from a CryptoRNG per (round, client) (per round for the server).
+    """
+
+    name, label = "gaussian_noise", "gaussian"
+
+    def __init__(self, sigma: float, clip: Clip, q: float, tolerate: int = 0, noise: str = "distributed"):
+        super().__init__(sigma, q, tolerate, noise)
+        self.clip = clip
 
     def share_std(self, k: int) -> float:
         """Std of one client's share for a round with k answering clients (0 for central)."""
@@ -259,18 +279,9 @@ class GaussianNoise(Step):
             return [GaussianEvent(self.sigma / 2)] if self.participation.grows(np.asarray(ctx.cohort)) else []
         return [SampledGaussianEvent(self.sigma, self.q)]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"participation": self.participation.state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.participation.load(state["participation"])
-
-    def describe(self) -> str:
-        tol = f", l={self.tolerate}" if self.tolerate else ""
-        return f"gaussian(σ={self.sigma:.6g}, {self.noise}{tol}, q={self.q:.6g})"
 
 
-class DiscreteGaussianShare(Step):
+class DiscreteGaussianShare(_NoiseStep):
     """FL-SIGN-DP noise on integer rows μ = sign(Δw) ∈ {±1}ⁿ (sensitivity √n).
 
     distributed: z_k ~ DG(μ_k, √n·σ/√(k − l)); local: DG(μ_k, √n·σ); central: the server adds
@@ -278,19 +289,7 @@ class DiscreteGaussianShare(Step):
     from the exact DG goes into the event and from there into δ).
     """
 
-    name = "discrete_gaussian"
-
-    def __init__(self, sigma: float, q: float, tolerate: int = 0, noise: str = "distributed"):
-        self.sigma = _positive("noise multiplier σ", sigma)
-        self.q = float(q)
-        self.tolerate, self.noise = check_tolerate(tolerate), check_placement(noise)
-        if self.noise != "distributed" and self.tolerate:
-            raise ConfigError(f"tolerate = {tolerate} only applies to distributed noise (got noise = {noise!r})")
-        self.participation = _Participation()
-
-    def setup(self, ctx: SetupContext) -> None:
-        if self.noise == "local":
-            self.participation.setup(ctx.n_clients)
+    name = label = "discrete_gaussian"
 
     def share_std(self, n: int, k: int) -> float:
         full = math.sqrt(n) * self.sigma
@@ -353,15 +352,6 @@ class DiscreteGaussianShare(Step):
             return []  # the round aborts in `client` and releases nothing
         return [self.event(n, k)]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"participation": self.participation.state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.participation.load(state["participation"])
-
-    def describe(self) -> str:
-        tol = f", l={self.tolerate}" if self.tolerate else ""
-        return f"discrete_gaussian(σ={self.sigma:.6g}, {self.noise}{tol}, q={self.q:.6g})"
 
 
 class DPMeanAggregator(Aggregator):
