@@ -13,7 +13,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext
+from dpfl.schemes.dp import finite_rows
 from dpfl.schemes.registry import Scheme, build_scheme
 from dpfl.secagg import RoundAborted
 
@@ -239,10 +240,17 @@ class Simulation:
         down = self.scheme.downstream_bytes(ctx) * n_selected
         up = 0
         aborted = None
+        diverged, t_train = 0, 0.0
         if len(cohort):
             u = self.client_updates(ctx)
             t_train = time.perf_counter() - t0
             d_full = u.shape[1]
+            if self.ledger is None:  # private schemes' Clip zeroes such rows, keeping the noise shares
+                u, ctx, diverged = _drop_nonfinite(u, ctx)
+                cohort = ctx.cohort
+                if not len(cohort):
+                    aborted = f"all {diverged} answering clients sent non-finite updates"
+        if len(cohort):
             try:
                 for s in self.scheme.steps:
                     u = s.client(u, ctx)
@@ -265,7 +273,7 @@ class Simulation:
                                                          "bits_per_value", 32)
             formula_up = u.shape[1] * bits / 8
         else:
-            t_train, formula_up = (t_train if len(cohort) else 0.0), 0.0
+            formula_up = 0.0
         if self.ledger is not None and aborted is None:
             for e in events:
                 self.ledger.add(e)
@@ -286,6 +294,8 @@ class Simulation:
             "formula_down_bytes_per_client": self.cum["formula_down_bytes"],
             "train_seconds": round(t_train, 4),
         }
+        if diverged:
+            rec_m["diverged"] = diverged
         if aborted is not None:
             rec_m["aborted"] = aborted
         rec_m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
@@ -395,6 +405,17 @@ class Simulation:
         kept = [ln for ln in lines if ln and json.loads(ln)["round"] <= sim.round]
         (out / METRICS).write_text("".join(ln + "\n" for ln in kept))
         return sim
+
+
+def _drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, RoundContext, int]:
+    """A client whose update holds NaN or ±inf (diverged local training, or a malformed message)
+    is treated as failed before upload: its row leaves the round, the rest go on."""
+    ok = finite_rows(u)
+    if bool(ok.all()):
+        return u, ctx, 0
+    keep = ok.cpu().numpy()
+    sub = {f: (None if getattr(ctx, f) is None else getattr(ctx, f)[keep]) for f in ("malicious", "omit_noise")}
+    return u[ok], replace(ctx, cohort=ctx.cohort[keep], weights=ctx.weights[ok], **sub), int((~keep).sum())
 
 
 def machine(device: torch.device) -> dict[str, Any]:

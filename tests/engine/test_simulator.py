@@ -152,3 +152,46 @@ def test_cli_run_resume_report(tmp_path, tiny_config):
     assert (tmp_path / "plots" / "accuracy_vs_round.png").stat().st_size > 1000
     r = CliRunner().invoke(app, ["run", str(cfg), "--set", "federation.rounds=0"])
     assert r.exit_code == 2 and "federation.rounds" in r.output
+
+
+class _Diverging(Simulation):
+    """Local training where the chosen rows of round 2 come back non-finite."""
+
+    bad_rows: tuple = (1,)
+
+    def client_updates(self, ctx):
+        u = super().client_updates(ctx)
+        self.last_u, self.last_weights = u.clone(), ctx.weights.clone()
+        if ctx.round == 2:
+            u = u.clone()
+            u[list(self.bad_rows), 3] = float("nan")
+            u[list(self.bad_rows), 5] = float("inf")
+        return u
+
+
+@pytest.mark.parametrize("scheme", ["fl-std", "fl-sign"])
+def test_client_with_nonfinite_update_drops_out_and_the_round_goes_on(tmp_path, tiny_config, scheme):
+    sim = _Diverging(tiny_config(**{"scheme.name": scheme, "federation.rounds": 3}), tmp_path,
+                     log=lambda s: None)
+    sim.step_round()
+    w1 = sim.w.clone()
+    m = sim.step_round()
+    assert m["diverged"] == 1 and m["answered"] == 4 and m["selected"] == 5
+    assert "aborted" not in m and torch.isfinite(sim.w).all()
+    keep = [0, 2, 3, 4]
+    if scheme == "fl-std":  # the weighted mean of the four other clients' updates
+        u, wts = sim.last_u[keep].double(), sim.last_weights[keep].double()
+        expected = (wts[:, None] * u).sum(0) / wts.sum()
+        assert torch.allclose((sim.w - w1).double(), expected, atol=1e-6)
+        assert m["up_bytes"] == 4 * sim.flat.n * 4
+    assert "diverged" not in sim.step_round()
+
+
+def test_round_with_only_nonfinite_updates_is_aborted(tmp_path, tiny_config):
+    sim = _Diverging(tiny_config(**{"federation.rounds": 2}), tmp_path, log=lambda s: None)
+    sim.bad_rows = (0, 1, 2, 3, 4)
+    sim.step_round()
+    w1 = sim.w.clone()
+    m = sim.step_round()
+    assert m["diverged"] == 5 and m["answered"] == 0 and "non-finite" in m["aborted"]
+    assert torch.equal(sim.w, w1) and m["up_bytes"] == 0
