@@ -357,7 +357,8 @@ class Simulation:
         return summary
 
     def summary(self) -> dict[str, Any]:
-        return {"machine": machine(self.device), "name": self.cfg.name, "scheme": self.scheme.name, "describe": self.scheme.describe(),
+        return {"machine": machine(self.device), "name": self.cfg.name, "scheme": self.scheme.name,
+                "describe": self.scheme.describe(),
                 "dataset": self.fed.source, "n_params": self.flat.n, "rounds_run": self.round,
                 "best": self.best, "stopped": self.stopped_reason,
                 "epsilon_final": None if self.ledger is None else self.ledger.epsilon(self.cfg.privacy.delta),

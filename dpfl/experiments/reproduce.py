@@ -171,7 +171,8 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
         ran, planned = r["summary"].get("rounds_run"), r["summary"].get("rounds_planned")
         if planned is not None:
             row["rounds_planned"] = planned
-        cells = [r["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), key, f(meas), f(ref), "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
+        cells = [r["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), key, f(meas), f(ref),
+                 "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
                  f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
                  f(row["thesis_up"], 2), f(row["down"], 2), f(row["thesis_down"], 2), f(row["epsilon"], 3),
                  f(row["thesis_epsilon"], 2)]
