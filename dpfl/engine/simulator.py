@@ -415,7 +415,8 @@ def _drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, R
     if bool(ok.all()):
         return u, ctx, 0
     keep = ok.cpu().numpy()
-    sub = {f: (None if getattr(ctx, f) is None else getattr(ctx, f)[keep]) for f in ("malicious", "omit_noise")}
+    sub = {f: (None if getattr(ctx, f) is None else getattr(ctx, f)[keep])
+           for f in ("malicious", "omit_noise")}
     return u[ok], replace(ctx, cohort=ctx.cohort[keep], weights=ctx.weights[ok], **sub), int((~keep).sum())
 
 
