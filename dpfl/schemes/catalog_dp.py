@@ -188,15 +188,16 @@ def fl_std_dp(n_params, cohort_size, sampling_rate, rounds, privacy, sigma: floa
 @register("fl-cs-dp", "FL-CS-DP (Alg. 11): DCT compress, clip, noise, secure sum; BPDN with momentum and "
                       "error feedback on the server")
 def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05, chunks: int = 200,
-             lam: float = 1e-5, server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000,
+             lam: float | str = 1e-5, server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000,
              tol: float = 3e-3, sigma: float | None = None, epsilon: float | None = None,
              clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
              secure_aggregation: bool | None = None, neighbours: int | None = None, threshold: int | None = None,
              drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
              clip_epsilon: float = 0.1) -> Scheme:
-    compress: list[Step] = [CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol)]
-    return _gaussian_scheme("fl-cs-dp", compress, auto_clip=_median_auto(compress, clip_clients),
-                            **_common(locals()))
+    cs = CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol)
+    scheme = _gaussian_scheme("fl-cs-dp", [cs], auto_clip=_median_auto([cs], clip_clients), **_common(locals()))
+    cs.noise_std = scheme.steps[-1].mean_noise_std  # for lam = "noise"
+    return scheme
 
 
 @register("fl-rnd-dp", "FL-RND-DP (Alg. 12): a fresh shared random m-subset, clip, noise, secure sum")

@@ -11,6 +11,8 @@ once per round.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,17 +30,31 @@ class CompressiveSensingStep(Step):
     Server, on the mean y_t of the received vectors (Alg. 4 lines 8–13):
         u_t = ρ u_{t−1} + y_t;  e_t = η_G u_t + e_{t−1};  s_t = D(e_t, n) (BPDN, λ);
         e_t ← e_t − C(s_t, m);  returns s_t (the engine adds it to w).
+
+    λ = "noise" (DP versions only): λ_t is the universal threshold of the fresh DP noise in
+    η_G u_t, τ_t·√(m/n)·√(2 ln n) with τ_t its per-coefficient std (tracked through the
+    momentum from `noise_std`, the std of the noise in the mean y_t). Thesis λ = 1e-5 makes
+    BPDN interpolate that noise with a sparse vector of large entries (‖s‖ several times
+    ‖e_t‖, single weights moved by ~0.9 after 5 rounds of pure noise), which wrecks the
+    model; at the universal threshold, pure noise reconstructs to s = 0 with high probability.
     """
 
     name = "cs"
 
-    def __init__(self, ratio: float, chunks: int = 200, lam: float = 1e-5, server_lr: float = 0.35,
+    def __init__(self, ratio: float, chunks: int = 200, lam: float | str = 1e-5, server_lr: float = 0.35,
                  momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2):
+        if isinstance(lam, str):
+            if lam != "noise":
+                raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
+        elif isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
+            raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
         if not server_lr > 0:
             raise ConfigError(f"FL-CS global learning rate η_G must be > 0, got {server_lr}")
         if not 0 <= momentum < 1:
             raise ConfigError(f"FL-CS momentum ρ must be in [0, 1), got {momentum}")
-        self.ratio, self.chunks, self.lam = ratio, int(chunks), float(lam)
+        self.ratio, self.chunks, self.lam = ratio, int(chunks), lam if isinstance(lam, str) else float(lam)
+        self.noise_std: Callable[[RoundContext], float] | None = None  # set by the DP scheme for λ = "noise"
+        self.noise_var = 0.0  # per-coefficient variance of the DP noise in the momentum u
         self.server_lr, self.momentum = float(server_lr), float(momentum)
         self.max_iter, self.tol = int(max_iter), float(tol)
         self.op: ChunkedDCT | None = None
@@ -57,22 +73,33 @@ class CompressiveSensingStep(Step):
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         return self.op.compress(u.to(torch.float32))
 
+    def _lambda(self, ctx: RoundContext) -> float:
+        if self.lam != "noise":
+            return self.lam
+        if self.noise_std is None:
+            raise ConfigError("FL-CS λ = 'noise' needs a DP scheme (fl-cs-dp) that knows its noise level")
+        self.noise_var = self.momentum**2 * self.noise_var + float(self.noise_std(ctx)) ** 2
+        n, m = self.op.n, self.op.m
+        return max(self.server_lr * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
+
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         y = agg.to(torch.float32)
+        lam = self._lambda(ctx)
         self.u = self.momentum * self.u.to(y.device) + y
         e = self.server_lr * self.u + self.e.to(y.device)
-        s, info = bpdn(self.op, e, self.lam, max_iter=self.max_iter, tol=self.tol)
+        s, info = bpdn(self.op, e, lam, max_iter=self.max_iter, tol=self.tol)
         self.e = e - self.op.compress(s.unsqueeze(0))[0]
         ctx.metrics.update({"cs_iterations": info.iterations, "cs_converged": float(info.converged),
                             "cs_nonzeros": int((s != 0).sum()),
-                            "cs_error_norm": float(self.e.norm())})
+                            "cs_error_norm": float(self.e.norm()), "cs_lambda": lam})
         return s
 
     def state_dict(self) -> dict[str, Any]:
-        return {"momentum": self.u.cpu().clone(), "error": self.e.cpu().clone()}
+        return {"momentum": self.u.cpu().clone(), "error": self.e.cpu().clone(), "noise_var": self.noise_var}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u, self.e = state["momentum"].clone(), state["error"].clone()
+        self.noise_var = float(state.get("noise_var", 0.0))
 
     def describe(self) -> str:
         return (f"cs(r={self.ratio}, P={self.chunks}, λ={self.lam}, η_G={self.server_lr}, ρ={self.momentum}, "

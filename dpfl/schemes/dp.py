@@ -243,6 +243,12 @@ class GaussianNoise(_NoiseStep):
             return full / math.sqrt(shares(k, self.tolerate))
         return full if self.noise == "local" else 0.0
 
+    def mean_noise_std(self, ctx: RoundContext) -> float:
+        """Per-coordinate std of the noise in this round's DP mean (all k shares added)."""
+        k = ctx.k()
+        total = self.clip.bound * self.sigma if self.noise == "central" else self.share_std(k) * math.sqrt(k)
+        return total / dp_denominator(ctx)
+
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         k = ctx.k()
         if self.noise == "central":

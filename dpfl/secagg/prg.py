@@ -6,19 +6,24 @@ used once (seeds are derived per round and per pair), so starting the counter at
 Reducing a uniform word mod 2^b gives a uniform element of Z_(2^b).
 
 `mask_rows` adds/subtracts streams into the rows of a matrix in cache-sized column chunks:
-each chunk of a row stays in cache while its streams pass over it, a seed used by several rows
-(both ends of a pair) is expanded once per chunk, and column ranges can run on several threads
-(CTR mode starts anywhere: block j is AES(seed, j)), with bit-identical results.
+a seed used by several rows (both ends of a pair) is expanded once per chunk, the seeds are
+visited in a row order of small bandwidth (reverse Cuthill–McKee on the rows-share-a-seed
+graph: the ring order of a SecAgg+ Harary graph), so that the few rows a stretch of seeds
+touches stay in cache, and column ranges can run on several threads (CTR mode starts anywhere:
+block j is AES(seed, j)), with bit-identical results (addition mod 2^w commutes).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dpfl.errors import ConfigError
 
@@ -54,6 +59,18 @@ def apply_masks(y: np.ndarray, masks: Sequence[Mask], workers: int = 1) -> np.nd
     return y
 
 
+def _local_order(uses: dict[bytes, list[tuple[int, int]]], k: int) -> dict[bytes, list[tuple[int, int]]]:
+    """The seeds reordered by the first row they touch in a low-bandwidth row order."""
+    pairs = [(a, b) for rows in uses.values() for (a, _), (b, _) in itertools.pairwise(rows)]
+    if not pairs:
+        return uses
+    a, b = np.array(pairs).T
+    graph = coo_matrix((np.ones(2 * a.size), (np.r_[a, b], np.r_[b, a])), shape=(k, k)).tocsr()
+    rank = np.empty(k, dtype=np.int64)
+    rank[reverse_cuthill_mckee(graph, symmetric_mode=True)] = np.arange(k)
+    return dict(sorted(uses.items(), key=lambda kv: min(rank[r] for r, _ in kv[1])))
+
+
 def mask_rows(y: np.ndarray, masks: Sequence[Sequence[Mask]], workers: int = 1) -> np.ndarray:
     """In place: y[i] ← y[i] + Σ_{(seed, sign) ∈ masks[i]} sign·PRG(seed), for a [k, d] word matrix.
 
@@ -73,6 +90,7 @@ def mask_rows(y: np.ndarray, masks: Sequence[Sequence[Mask]], workers: int = 1) 
             uses.setdefault(seed, []).append((row, sign))
     if any(not isinstance(seed, bytes) or len(seed) != SEED_BYTES for seed in uses):
         raise ConfigError(f"mask seeds must be {SEED_BYTES} bytes")
+    uses = _local_order(uses, y.shape[0])
     item = y.itemsize
     chunk = CHUNK_BYTES // item
     starts = list(range(0, y.shape[1], chunk))

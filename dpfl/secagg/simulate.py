@@ -21,7 +21,7 @@ def _check_rows(rows: np.ndarray, bits: int) -> np.ndarray:
         raise ConfigError(f"rows must have shape [k ≥ 2, d ≥ 1], got {rows.shape}")
     if not np.issubdtype(rows.dtype, np.integer):
         raise ConfigError(f"rows must be integer words in Z_2^{bits}, got dtype {rows.dtype}")
-    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >> bits):
+    if rows.size and ((rows.dtype.kind != "u" and int(rows.min()) < 0) or int(rows.max()) >> bits):
         raise ConfigError(f"rows must hold values in [0, 2^{bits}); encode them with dpfl.secagg.ring first")
     return rows if rows.dtype == word_dtype(bits) else rows.astype(word_dtype(bits))
 
@@ -39,6 +39,7 @@ def secure_sum(
     round_id: int = 0,
     workers: int | None = None,
     server: Server | None = None,
+    overwrite: bool = False,
 ) -> tuple[np.ndarray, dict]:
     """Σ_{u survives} rows_int[u] mod 2^bits, computed by the full protocol; returns (sum, stats).
 
@@ -51,6 +52,8 @@ def secure_sum(
     key and seed from the OS; an int makes the run reproducible. workers: threads for the mask
     keystreams (default `prg.default_workers()`; results do not depend on it). `server` lets a
     test keep the server's view (pass a `Server` built for the same config via `make_config`).
+    overwrite: mask `rows_int` in place when it already holds words of the ring's dtype (as each
+    deployed client masks its own buffer), saving a copy of all k inputs; its contents are then lost.
     stats: ids of survivors and dropped clients, per-client bytes of the masked input
     (`masked_input_bytes`, 0 when it never arrived) and of the other messages (`protocol_bytes`),
     and wall seconds per phase (`keys_s`, `mask_s` for all clients, `server_sum_s`, `unmask_s`).
@@ -101,12 +104,16 @@ def secure_sum(
     # `Client.masked_input` row by row (tested), at half the keystream work.
     senders = [c for c in clients if c.id not in dropped]
     t1 = time.perf_counter()
-    masks = [c.mask_seeds(inbox[c.id]) for c in senders]
-    y = rows[[c.id for c in senders]]  # a copy: the caller's rows stay as they are
+    if overwrite and rows.flags.c_contiguous:  # the dropped rows stay unmasked and are never sent
+        y, at = rows, {c.id: c.id for c in senders}
+        masks = [[] if c.id in dropped else c.mask_seeds(inbox[c.id]) for c in clients]
+    else:  # a copy: the caller's rows stay as they are
+        y, at = rows[[c.id for c in senders]], {c.id: i for i, c in enumerate(senders)}
+        masks = [c.mask_seeds(inbox[c.id]) for c in senders]
     reduce(mask_rows(y, masks, workers), bits)
     t2 = time.perf_counter()
-    for i, c in enumerate(senders):
-        msg = MaskedInput(c.id, cfg.round_id, bits, y[i])
+    for c in senders:
+        msg = MaskedInput(c.id, cfg.round_id, bits, y[at[c.id]])
         srv.receive(msg)
         sent[c.id] = msg.wire_nbytes
     del y

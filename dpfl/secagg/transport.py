@@ -101,6 +101,7 @@ class SecAggTransport(Transport):
             min_survivors=max(1, k - self.max_dropouts),
             rng_seed=ctx.seeds.seed("round", ctx.round, "secagg"),
             round_id=ctx.round,
+            overwrite=True,  # `words` is this round's own encoding
         )
         if self.encoding == "fixed":
             out = torch.from_numpy(ring.decode_fixed(total, bits, self.frac_bits))

@@ -1,8 +1,12 @@
+import math
+
 import numpy as np
+import pytest
 import torch
 
 from dpfl.compression.cs import bpdn
 from dpfl.compression.dct import ChunkedDCT
+from dpfl.errors import ConfigError
 from dpfl.schemes.cs import CompressiveSensingStep, LowPassDCTStep
 from dpfl.schemes.transport import MeanAggregator, PlainTransport
 
@@ -100,3 +104,43 @@ def test_fl_freq_is_a_low_pass_round_trip(contexts):
     torch.testing.assert_close(again, low, atol=1e-5, rtol=0)
     resid = u.mean(0).float() - low
     assert float(step.client(resid.unsqueeze(0), ctx).abs().max()) < 1e-5  # nothing low-frequency left
+
+
+def test_noise_lambda_is_the_universal_threshold_of_the_dp_noise(contexts):
+    """λ = "noise": the first round of noise-only aggregates reconstructs to nothing (thesis
+    λ = 1e-5 interpolates it), λ follows the noise variance through the momentum, and a sparse
+    signal above the noise still comes through."""
+    n, tau, rho = 20000, 0.01, 0.9
+    sctx, rctx = contexts(n, seed=2)
+    gen = torch.Generator().manual_seed(1)
+    y = torch.randn(1000, generator=gen) * tau  # the DP mean of all-zero updates (m = 0.05 n)
+    nnz = {}
+    for lam in (1e-5, "noise"):
+        step = CompressiveSensingStep(ratio=0.05, chunks=4, lam=lam, momentum=rho)
+        step.noise_std = lambda ctx: tau
+        step.setup(sctx)
+        nnz[lam] = int((step.server(y, rctx(1, 5)) != 0).sum())
+    assert nnz["noise"] == 0 and nnz[1e-5] > 1000
+    ctx = rctx(2, 5)
+    step.server(torch.zeros(1000), ctx)
+    var = tau**2 * (1 + rho**2)
+    assert step.state_dict()["noise_var"] == pytest.approx(var)
+    assert ctx.metrics["cs_lambda"] == pytest.approx(0.35 * math.sqrt(var * 0.05 * 2 * math.log(n)), rel=1e-3)
+    step = CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise", momentum=0.0, server_lr=1.0,
+                                  max_iter=5000, tol=1e-4)
+    step.noise_std = lambda ctx: tau
+    step.setup(sctx)
+    w = torch.zeros(n)
+    w[torch.randperm(n, generator=gen)[:20]] = 5.0
+    s = step.server(step.op.compress(w.unsqueeze(0))[0] + y, rctx(1, 5))
+    assert len(set(s.abs().topk(20).indices.tolist()) & set(w.nonzero().flatten().tolist())) >= 18
+
+
+def test_noise_lambda_needs_a_dp_scheme(contexts):
+    sctx, rctx = contexts(3000)
+    step = CompressiveSensingStep(ratio=0.05, chunks=3, lam="noise")
+    step.setup(sctx)
+    with pytest.raises(ConfigError, match="needs a DP scheme"):
+        step.server(torch.zeros(step.op.m), rctx(1, 4))
+    with pytest.raises(ConfigError, match="'noise'"):
+        CompressiveSensingStep(ratio=0.05, lam="auto")

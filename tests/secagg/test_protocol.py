@@ -212,14 +212,19 @@ def test_server_view_does_not_depend_on_one_clients_input():
 def test_batch_masking_equals_each_clients_own_masking():
     k, bits, seed = 12, 22, 3
     d = 3 * (prg.CHUNK_BYTES // 4) + 5  # several keystream chunks and a ragged tail
-    rows = _words(k, d, bits)
-    got = {}
-    for workers in (1, 3):
+    rows = _words(k, d, bits).astype(np.uint32)  # the ring's word type: can be masked in place
+    got, sums = {}, []
+    for workers, overwrite in ((1, False), (3, False), ("in place", True)):
         srv = Server(make_config(k, d, bits, neighbours=4, rng_seed=seed), keep_view=True)
-        secure_sum(
-            rows, bits, neighbours=4, drop_after_masking=[5], rng_seed=seed, workers=workers, server=srv
-        )
-        got[workers] = {m.sender: m.values for m in srv.view if isinstance(m, MaskedInput)}
+        mine = rows.copy()
+        total, _ = secure_sum(mine, bits, neighbours=4, drop_after_masking=[5], rng_seed=seed,
+                              workers=2 if overwrite else workers, server=srv, overwrite=overwrite)
+        sums.append(total)
+        assert np.array_equal(mine, rows) != overwrite  # the input is masked in place only when asked
+        got[workers] = {m.sender: m.values.copy() for m in srv.view if isinstance(m, MaskedInput)}
+    assert np.array_equal(mine[5], rows[5])  # a dropped client's row is never masked
+    expect = rows[[u for u in range(k) if u != 5]].sum(axis=0, dtype=np.uint64) % (1 << bits)
+    assert all(np.array_equal(s, expect) for s in sums)
     # reference: the same clients (same seeds), each masking its own row with Client.masked_input
     cfg = make_config(k, d, bits, neighbours=4, rng_seed=seed)
     clients = [Client(u, cfg, Seeds(seed).crypto("secagg", 0, "client", u)) for u in range(k)]
@@ -233,4 +238,4 @@ def test_batch_masking_equals_each_clients_own_masking():
     assert sorted(got[1]) == [u for u in range(k) if u != 5]
     for u in got[1]:
         ref = clients[u].masked_input(rows[u], inbox[u]).values
-        assert np.array_equal(got[1][u], ref) and np.array_equal(got[3][u], ref)
+        assert all(np.array_equal(g[u], ref) for g in got.values())
