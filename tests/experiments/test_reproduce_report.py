@@ -11,6 +11,7 @@ from dpfl.engine.simulator import Simulation
 from dpfl.errors import ConfigError
 from dpfl.experiments.report import best_round, load_run
 from dpfl.experiments.reproduce import reproduce_table, table_rows
+from dpfl.privacy import ACCOUNTANTS
 
 RECORDS = Path(__file__).resolve().parents[2] / "records"
 
@@ -69,9 +70,13 @@ def _record_dirs():
 def test_committed_record_is_consistent(run_dir):
     """A committed record is a real run's output: its table row exists, its config loads, the rounds
     are consecutive, and the summary's best round is the best of its metrics (nothing edited by hand)."""
-    table, row = run_dir.parent.name.split("-pld")[0], run_dir.name
+    table, row = run_dir.parent.name, run_dir.name
+    suffix = next((a for a in ACCOUNTANTS if table.endswith(f"-{a}")), None)  # --accountant runs
+    table = table.removesuffix(f"-{suffix}") if suffix else table
     assert row in table_rows(table)[1]
     cfg = load_config(run_dir / "config.toml")
+    if suffix:
+        assert cfg.privacy.accountant == suffix
     summary, metrics = load_run(run_dir)
     assert [m["round"] for m in metrics] == list(range(1, len(metrics) + 1))
     assert len(metrics) <= cfg.federation.rounds
