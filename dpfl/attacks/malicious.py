@@ -189,10 +189,28 @@ class Colluding(Malicious):
         batches = torch.from_numpy(pool[pos][None]).to(sim.device)
         torch.manual_seed(ctx.seeds.seed("round", ctx.round, "attack", "torch"))  # dropout layers
         sign = torch.full((1,), self.direction, device=sim.device)
-        row = sim.trainer.train(sim.w, sim.fed.x, self.labels(sim), batches, train_mask(sim, ctx), sign)
+        mask, y = train_mask(sim, ctx), self.labels(sim)
+        row = sim.trainer.train(sim.w, sim.fed.x, y, batches, mask, sign)
+        if not bool(torch.isfinite(row).all()):  # the ascent overflowed: send the last finite iterate
+            row = self._last_finite(sim, y, batches, mask, sign)
         u = honest_updates
         u[torch.from_numpy(bad).to(u.device)] = row.to(u)
         return u
+
+
+    @staticmethod
+    def _last_finite(sim: Any, y: torch.Tensor, batches: torch.Tensor, mask: Any, sign: torch.Tensor) -> torch.Tensor:
+        """Redo the local steps one at a time from the global model and keep the update of the last
+        step whose model is still finite (an attacker sends what hurts most and still gets accepted;
+        NaN would be rejected, and a simulator that dropped it would silently disarm the attack).
+        One step per call restarts the optimizer state: exact for plain SGD."""
+        total = torch.zeros_like(sim.w)
+        for t in range(batches.shape[1]):
+            step = sim.trainer.train(sim.w + total, sim.fed.x, y, batches[:, t : t + 1], mask, sign)[0]
+            if not bool(torch.isfinite(step).all()) or not bool(torch.isfinite(total + step).all()):
+                break
+            total += step
+        return total[None]
 
 
 class GradientAscent(Colluding):

@@ -263,3 +263,33 @@ def test_in_backdoor_against_fl_sign_dp_end_to_end():
     assert all(m["step_dp_noise_shares"] == 9 for m in ms)
     assert all(m["source_accuracy"] == 0 for m in ms)  # thesis Tables 6.9 / 6.10: 0 on the source class
     assert ms[-1]["attack_success"] > 0.7 and ms[-1]["accuracy"] > 0.3
+
+
+def test_an_overflowing_ascent_sends_its_last_finite_iterate_and_is_not_dropped():
+    """With a huge step the attackers' ascent overflows; they then send the update of the last
+    finite step (a NaN row would be dropped as a diverged client and the attack silently disarmed)."""
+    from dpfl.attacks.malicious import train_mask
+    from dpfl.engine.sampling import local_positions
+
+    ga = {"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}}
+    cfg = tiny_config(rounds=1, lr=1e18, attack=ga)
+    sim = Simulation(cfg, None, log=lambda s: None)
+    sim._setup()
+    cohort, _ = sim._cohort(1)
+    ctx = sim.context(1, cohort, len(cohort))
+    ctx.malicious = sim.attack.select(ctx)
+    pool = np.concatenate([sim.fed.clients[c] for c in cohort[ctx.malicious]])
+    pos = local_positions(np.array([len(pool)]), 5, 10, ctx.numpy_rng("attack", "batches"))[0]
+    batches, mask, asc = torch.from_numpy(pool[pos][None]), train_mask(sim, ctx), torch.tensor([-1.0])
+    assert not torch.isfinite(sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, batches, mask, asc)).all()
+    total, steps = torch.zeros_like(sim.w), 0  # reference: step by step while the model stays finite
+    for t in range(5):
+        step = sim.trainer.train(sim.w + total, sim.fed.x, sim.fed.y, batches[:, t : t + 1], mask, asc)[0]
+        if not torch.isfinite(total + step).all():
+            break
+        total, steps = total + step, steps + 1
+    assert 1 <= steps < 5 and total.abs().max() > 0
+    u = sim.client_updates(ctx)
+    bad = torch.from_numpy(ctx.malicious)
+    assert torch.isfinite(u[bad]).all()
+    torch.testing.assert_close(u[bad][0], 10.0 * total)  # finite: the divergence filter keeps it
