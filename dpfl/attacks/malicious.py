@@ -197,7 +197,6 @@ class Colluding(Malicious):
         u[torch.from_numpy(bad).to(u.device)] = row.to(u)
         return u
 
-
     @staticmethod
     def _last_finite(sim: Any, y: torch.Tensor, batches: torch.Tensor, mask: Any, sign: torch.Tensor) -> torch.Tensor:
         """Redo the local steps one at a time from the global model and keep the update of the last
