@@ -193,8 +193,8 @@ def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float
              clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
              secure_aggregation: bool | None = None, neighbours: int | None = None, threshold: int | None = None,
              drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
-             clip_epsilon: float = 0.1) -> Scheme:
-    cs = CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol)
+             clip_epsilon: float = 0.1, lam_scale: float = 1.0) -> Scheme:
+    cs = CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol, lam_scale)
     scheme = _gaussian_scheme("fl-cs-dp", [cs], auto_clip=_median_auto([cs], clip_clients), **_common(locals()))
     cs.noise_std = scheme.steps[-1].mean_noise_std  # for lam = "noise"
     return scheme

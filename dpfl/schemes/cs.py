@@ -37,22 +37,29 @@ class CompressiveSensingStep(Step):
     BPDN interpolate that noise with a sparse vector of large entries (‖s‖ several times
     ‖e_t‖, single weights moved by ~0.9 after 5 rounds of pure noise), which wrecks the
     model; at the universal threshold, pure noise reconstructs to s = 0 with high probability.
+    `lam_scale` multiplies that threshold (1: universal; below 1 lets some noise through and
+    shrinks the signal less).
     """
 
     name = "cs"
 
     def __init__(self, ratio: float, chunks: int = 200, lam: float | str = 1e-5, server_lr: float = 0.35,
-                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2):
+                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2, lam_scale: float = 1.0):
         if isinstance(lam, str):
             if lam != "noise":
                 raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
         elif isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
             raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
+        if isinstance(lam_scale, bool) or not isinstance(lam_scale, (int, float)) or not lam_scale > 0:
+            raise ConfigError(f"FL-CS lam_scale must be a number > 0, got {lam_scale!r}")
+        if lam_scale != 1 and lam != "noise":
+            raise ConfigError("FL-CS lam_scale scales λ = 'noise' only; give a numeric λ directly instead")
         if not server_lr > 0:
             raise ConfigError(f"FL-CS global learning rate η_G must be > 0, got {server_lr}")
         if not 0 <= momentum < 1:
             raise ConfigError(f"FL-CS momentum ρ must be in [0, 1), got {momentum}")
         self.ratio, self.chunks, self.lam = ratio, int(chunks), lam if isinstance(lam, str) else float(lam)
+        self.lam_scale = float(lam_scale)
         self.noise_std: Callable[[RoundContext], float] | None = None  # set by the DP scheme for λ = "noise"
         self.noise_var = 0.0  # per-coefficient variance of the DP noise in the momentum u
         self.server_lr, self.momentum = float(server_lr), float(momentum)
@@ -80,7 +87,7 @@ class CompressiveSensingStep(Step):
             raise ConfigError("FL-CS λ = 'noise' needs a DP scheme (fl-cs-dp) that knows its noise level")
         self.noise_var = self.momentum**2 * self.noise_var + float(self.noise_std(ctx)) ** 2
         n, m = self.op.n, self.op.m
-        return max(self.server_lr * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
+        return max(self.lam_scale * self.server_lr * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         y = agg.to(torch.float32)
@@ -102,7 +109,8 @@ class CompressiveSensingStep(Step):
         self.noise_var = float(state.get("noise_var", 0.0))
 
     def describe(self) -> str:
-        return (f"cs(r={self.ratio}, P={self.chunks}, λ={self.lam}, η_G={self.server_lr}, ρ={self.momentum}, "
+        lam = self.lam if self.lam_scale == 1 else f"{self.lam_scale:g}·{self.lam}"
+        return (f"cs(r={self.ratio}, P={self.chunks}, λ={lam}, η_G={self.server_lr}, ρ={self.momentum}, "
                 f"BPDN tol={self.tol})")
 
 

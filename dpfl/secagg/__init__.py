@@ -1,4 +1,4 @@
-"""Secure aggregation over Z_(2^b): X25519 key agreement, AES-CTR masks, Shamir dropout recovery
+"""Secure aggregation over Z_(2^b): X25519 key agreement, AES-256 counter-mode masks, Shamir dropout recovery
 (Bonawitz et al. 2017; the sparse SecAgg+ graph of Bell et al. 2020), and its `Transport`."""
 
 from dpfl.secagg.protocol import RoundAborted

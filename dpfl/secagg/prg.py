@@ -1,22 +1,28 @@
-"""Mask expansion: a 32-byte seed → a stream of words in Z_(2^32) or Z_(2^64) (AES-256-CTR).
+"""Mask expansion: a 32-byte seed → a stream of words in Z_(2^32) or Z_(2^64) (AES-256 counter mode).
 
-Word i of PRG(seed) is bytes [w·i, w·(i+1)) (little-endian, w = word size) of the AES-256-CTR
-keystream under key `seed`, counter blocks 0, 1, 2, ... (big-endian 128-bit). Every seed is
-used once (seeds are derived per round and per pair), so starting the counter at 0 is safe.
+Word i of PRG(seed) is bytes [w·i, w·(i+1)) (little-endian, w = word size) of this keystream:
+segment s (bytes [s·L, (s+1)·L), L = SEGMENT_BYTES) is the AES-256-CTR keystream under key
+`seed` with counter blocks s‖2, s‖3, ... (s: 96-bit big-endian, then a 32-bit big-endian block
+counter), that is AES-256-GCM's encryption of zeros under nonce s, whose VAES kernel in OpenSSL
+runs about twice as fast as its CTR mode. The counter blocks of different segments never meet,
+so the stream is AES in counter mode over distinct blocks (a PRF stream); every seed is used
+once (seeds are derived per round and per pair). The GCM tag is never computed or used.
 Reducing a uniform word mod 2^b gives a uniform element of Z_(2^b).
 
-`mask_rows` adds/subtracts streams into the rows of a matrix in cache-sized column chunks:
-a seed used by several rows (both ends of a pair) is expanded once per chunk, the seeds are
+`mask_rows` adds/subtracts streams into the rows of a matrix one column segment at a time:
+a seed used by several rows (both ends of a pair) is expanded once per segment, the seeds are
 visited in a row order of small bandwidth (reverse Cuthill–McKee on the rows-share-a-seed
 graph: the ring order of a SecAgg+ Harary graph), so that the few rows a stretch of seeds
-touches stay in cache, and column ranges can run on several threads (CTR mode starts anywhere:
-block j is AES(seed, j)), with bit-identical results (addition mod 2^w commutes).
+touches stay in cache, and segments are handed to several threads (a segment is its own
+counter range; OpenSSL and NumPy release the GIL on calls this large), with bit-identical
+results (addition mod 2^w commutes).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,9 +33,17 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dpfl.errors import ConfigError
 
+try:  # the optional C kernel (setup.py): same words, used where the CPU has AVX-512 and VAES
+    from dpfl.secagg import _maskkernel as _native
+
+    if not _native.available():
+        _native = None
+except ImportError:  # not compiled on this platform
+    _native = None
+
 SEED_BYTES = 32
-CHUNK_BYTES = 1 << 18  # 256 KiB of keystream per call (a multiple of the 16-byte AES block)
-_ZEROS = bytes(CHUNK_BYTES)
+SEGMENT_BYTES = 1 << 19  # keystream bytes under one nonce (part of the PRG's definition), one call each
+_ZEROS = bytes(SEGMENT_BYTES)
 
 Mask = tuple[bytes, int]  # (seed, sign ∈ {+1, −1})
 
@@ -38,11 +52,9 @@ def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _stream(seed: bytes, byte_offset: int):
-    if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
-        raise ConfigError(f"mask seed must be {SEED_BYTES} bytes")
-    counter = (byte_offset // 16).to_bytes(16, "big")
-    return Cipher(algorithms.AES(seed), modes.CTR(counter)).encryptor()
+def _stream(seed: bytes, segment: int):
+    """The encryptor whose output on zeros is segment `segment` of PRG(seed)."""
+    return Cipher(algorithms.AES(seed), modes.GCM(segment.to_bytes(12, "big"))).encryptor()
 
 
 def expand(seed: bytes, d: int, dtype: type = np.uint32) -> np.ndarray:
@@ -51,11 +63,13 @@ def expand(seed: bytes, d: int, dtype: type = np.uint32) -> np.ndarray:
     return apply_masks(out, [(seed, 1)])
 
 
-def apply_masks(y: np.ndarray, masks: Sequence[Mask], workers: int = 1) -> np.ndarray:
-    """In place: y ← y + Σ sign·PRG(seed) mod 2^(word bits)."""
+def apply_masks(
+    y: np.ndarray, masks: Sequence[Mask], workers: int = 1, bits: int | None = None
+) -> np.ndarray:
+    """In place: y ← y + Σ sign·PRG(seed) mod 2^(word bits), then mod 2^bits if given and masks are."""
     if y.ndim != 1:
         raise ConfigError(f"apply_masks needs a 1-D vector, got shape {y.shape}")
-    mask_rows(y[None, :], [masks], workers)
+    mask_rows(y[None, :], [masks], workers, bits)
     return y
 
 
@@ -71,10 +85,70 @@ def _local_order(uses: dict[bytes, list[tuple[int, int]]], k: int) -> dict[bytes
     return dict(sorted(uses.items(), key=lambda kv: min(rank[r] for r, _ in kv[1])))
 
 
-def mask_rows(y: np.ndarray, masks: Sequence[Sequence[Mask]], workers: int = 1) -> np.ndarray:
+def _python_runner(y, plan, keep, todo, lock):
+    item, seg = y.itemsize, SEGMENT_BYTES // y.itemsize
+
+    def run() -> None:
+        raw = bytearray(SEGMENT_BYTES + 16)  # spare bytes: older `update_into` wants block_size − 1 more
+        buf = np.frombuffer(raw, dtype=y.dtype.newbyteorder("<"), count=seg)
+        zeros = memoryview(_ZEROS)
+        while True:
+            with lock:
+                s = next(todo, None)
+            if s is None:
+                return
+            start = s * seg
+            m = min(seg, y.shape[1] - start)
+            ks = buf[:m]
+            for seed, rows, done in plan:
+                _stream(seed, s).update_into(zeros[: m * item], raw)
+                for row, op in rows:
+                    part = y[row, start : start + m]
+                    op(part, ks, out=part)
+                for row in done:
+                    part = y[row, start : start + m]
+                    np.bitwise_and(part, keep, out=part)
+
+    return run
+
+
+def _native_runner(y, plan, keep, todo, lock):
+    """The C kernel on whole segments (it releases the GIL; the threads share nothing but `todo`)."""
+    seeds = b"".join(seed for seed, _, _ in plan)
+    use_ptr = np.cumsum([0] + [len(rows) for _, rows, _ in plan], dtype=np.int64)
+    use_row = np.array([row for _, rows, _ in plan for row, _ in rows], dtype=np.int64)
+    use_sign = np.array([1 if op is np.add else -1 for _, rows, _ in plan for _, op in rows], dtype=np.int8)
+    red_ptr = np.cumsum([0] + [len(done) for _, _, done in plan], dtype=np.int64)
+    red_row = np.array([row for _, _, done in plan for row in done], dtype=np.int64)
+    item, total = y.itemsize, y.shape[1] * y.itemsize
+    keep_word = 0 if keep is None else int(keep)
+
+    def run() -> None:
+        while True:
+            with lock:
+                s = next(todo, None)
+            if s is None:
+                return
+            c0 = s * SEGMENT_BYTES
+            _native.mask_segment(y, y.strides[0], item, s, c0, min(SEGMENT_BYTES, total - c0), SEGMENT_BYTES,
+                                 seeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep_word)
+
+    return run
+
+
+def mask_rows(
+    y: np.ndarray,
+    masks: Sequence[Sequence[Mask]],
+    workers: int = 1,
+    bits: int | None = None,
+    use_native: bool = True,
+) -> np.ndarray:
     """In place: y[i] ← y[i] + Σ_{(seed, sign) ∈ masks[i]} sign·PRG(seed), for a [k, d] word matrix.
 
     Equal to applying `apply_masks` row by row; a seed listed for several rows is expanded once.
+    `bits`: also reduce every masked row mod 2^bits (rows without masks are left as they are),
+    each segment right after its last mask, while it is still in cache. `use_native=False`
+    forces the pure-Python path (the C kernel, where available, gives the same words).
     """
     if y.ndim != 2 or y.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64)) or y.strides[1] != y.itemsize:
         raise ConfigError(
@@ -92,30 +166,31 @@ def mask_rows(y: np.ndarray, masks: Sequence[Sequence[Mask]], workers: int = 1) 
         raise ConfigError(f"mask seeds must be {SEED_BYTES} bytes")
     uses = _local_order(uses, y.shape[0])
     item = y.itemsize
-    chunk = CHUNK_BYTES // item
-    starts = list(range(0, y.shape[1], chunk))
-    if not starts:
+    keep = None
+    if bits is not None and bits < 8 * item:
+        keep = y.dtype.type((1 << bits) - 1)
+    last = {row: i for i, rows in enumerate(uses.values()) for row, _ in rows}  # a row's last mask
+    plan = [
+        (seed, [(row, np.add if sign > 0 else np.subtract) for row, sign in rows],
+         [row for row, _ in rows if keep is not None and last[row] == i])
+        for i, (seed, rows) in enumerate(uses.items())
+    ]
+    seg = SEGMENT_BYTES // item  # words per segment
+    n_seg = -(-y.shape[1] // seg)
+    if not n_seg or not plan:
         return y
-    n = max(1, min(int(workers), len(starts)))
-    parts = [starts[len(starts) * i // n : len(starts) * (i + 1) // n] for i in range(n)]  # contiguous ranges
+    todo = iter(range(n_seg))  # segments are handed out one at a time (balances the threads)
+    lock = threading.Lock()
+    if _native is not None and use_native and y.flags.c_contiguous:
+        run = _native_runner(y, plan, keep, todo, lock)
+    else:
+        run = _python_runner(y, plan, keep, todo, lock)
 
-    def run(my_starts: list[int]) -> None:
-        raw = bytearray(CHUNK_BYTES + 16)  # update_into needs block_size − 1 spare bytes
-        buf = np.frombuffer(raw, dtype=y.dtype.newbyteorder("<"), count=chunk)
-        zeros = memoryview(_ZEROS)
-        streams = [(_stream(seed, my_starts[0] * item), rows) for seed, rows in uses.items()]
-        for start in my_starts:
-            m = min(chunk, y.shape[1] - start)
-            ks = buf[:m]
-            for enc, rows in streams:
-                enc.update_into(zeros[: m * item], raw)
-                for row, sign in rows:
-                    part = y[row, start : start + m]
-                    (np.add if sign > 0 else np.subtract)(part, ks, out=part)
-
+    n = max(1, min(int(workers), n_seg))
     if n == 1:
-        run(parts[0])
+        run()
     else:
         with ThreadPoolExecutor(n) as pool:
-            list(pool.map(run, parts))
+            for f in [pool.submit(run) for _ in range(n)]:
+                f.result()
     return y

@@ -144,3 +144,22 @@ def test_noise_lambda_needs_a_dp_scheme(contexts):
         step.server(torch.zeros(step.op.m), rctx(1, 4))
     with pytest.raises(ConfigError, match="'noise'"):
         CompressiveSensingStep(ratio=0.05, lam="auto")
+
+
+def test_lam_scale_multiplies_the_noise_threshold(contexts):
+    n, tau = 20000, 0.01
+    sctx, rctx = contexts(n, seed=2)
+    lams = {}
+    for scale in (1.0, 0.5):
+        step = CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise", lam_scale=scale)
+        step.noise_std = lambda ctx: tau
+        step.setup(sctx)
+        ctx = rctx(1, 5)
+        step.server(torch.zeros(1000), ctx)
+        lams[scale] = ctx.metrics["cs_lambda"]
+    assert lams[0.5] == pytest.approx(lams[1.0] / 2, rel=1e-9)
+    assert "0.5·noise" in step.describe()
+    with pytest.raises(ConfigError, match="lam_scale"):
+        CompressiveSensingStep(ratio=0.05, lam=1e-5, lam_scale=0.5)
+    with pytest.raises(ConfigError, match="lam_scale"):
+        CompressiveSensingStep(ratio=0.05, lam="noise", lam_scale=0)

@@ -14,16 +14,70 @@ SEED = bytes(range(32))
 
 
 def _keystream(seed: bytes, nbytes: int) -> bytes:
-    return Cipher(algorithms.AES(seed), modes.CTR(b"\x00" * 16)).encryptor().update(b"\x00" * nbytes)
+    """Reference: raw AES-256 (ECB) on the counter blocks s‖j+2 of each segment s (no GCM, no CTR)."""
+    per = prg.SEGMENT_BYTES // 16
+    blocks = b"".join(
+        s.to_bytes(12, "big") + (j + 2).to_bytes(4, "big")
+        for s in range(-(-nbytes // prg.SEGMENT_BYTES))
+        for j in range(per)
+    )
+    return Cipher(algorithms.AES(seed), modes.ECB()).encryptor().update(blocks)[:nbytes]
 
 
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
-def test_expand_is_the_aes_ctr_keystream(dtype):
-    d = prg.CHUNK_BYTES // np.dtype(dtype).itemsize * 2 + 3  # several chunks and a ragged tail
+def test_expand_is_aes_in_counter_mode(dtype):
+    d = prg.SEGMENT_BYTES // np.dtype(dtype).itemsize * 2 + 3  # several segments and a ragged tail
     ref = np.frombuffer(
         _keystream(SEED, d * np.dtype(dtype).itemsize), dtype=np.dtype(dtype).newbyteorder("<")
     )
     assert np.array_equal(prg.expand(SEED, d, dtype), ref)
+    y = np.zeros((1, d), dtype=dtype)
+    assert np.array_equal(prg.mask_rows(y, [[(SEED, 1)]], use_native=False)[0], ref)  # the pure-Python path
+
+
+needs_kernel = pytest.mark.skipif(prg._native is None, reason="C mask kernel not built or CPU lacks AVX-512/VAES")
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,bits", [(np.uint32, 22), (np.uint32, None), (np.uint64, 40)])
+def test_c_kernel_gives_the_python_paths_words(dtype, bits):
+    rng = np.random.default_rng(5)
+    item = np.dtype(dtype).itemsize
+    for d in (1, 3, 17, 1025, prg.SEGMENT_BYTES // item * 2 + 5):  # ragged blocks, several segments
+        k = 9
+        y = rng.integers(0, 1 << 20, size=(k, d)).astype(dtype)
+        masks = [[] for _ in range(k)]
+        for i in range(14):
+            seed = rng.bytes(32)
+            a, b = rng.choice(k - 1, 2, replace=False)  # row k − 1 keeps no masks
+            masks[a].append((seed, 1))
+            if i % 3:
+                masks[b].append((seed, -1))
+        fast, slow = y.copy(), y.copy()
+        prg.mask_rows(fast, masks, workers=2, bits=bits)
+        prg.mask_rows(slow, masks, workers=1, bits=bits, use_native=False)
+        assert np.array_equal(fast, slow)
+        assert np.array_equal(fast[k - 1], y[k - 1])
+
+
+@needs_kernel
+def test_c_kernel_rejects_plans_outside_the_matrix():
+    y = np.zeros((2, 64), dtype=np.uint32)
+    ptr, sign, none = np.array([0, 1], np.int64), np.ones(1, np.int8), np.zeros(0, np.int64)
+
+    def call(row, c0=0, nbytes=256):
+        prg._native.mask_segment(y, 256, 4, 0, c0, nbytes, prg.SEGMENT_BYTES, SEED, ptr,
+                                 np.array([row], np.int64), sign, np.zeros(2, np.int64), none, 0)
+
+    call(1)
+    with pytest.raises(ValueError, match="out of range"):
+        call(2)
+    with pytest.raises(ValueError, match="out of range"):
+        call(-1)
+    with pytest.raises(ValueError, match="inconsistent"):
+        call(0, c0=64)  # not the start of the segment
+    with pytest.raises(ValueError, match="out of range"):
+        call(1, nbytes=512)  # past the end of the buffer
 
 
 def test_apply_masks_adds_and_subtracts_mod_word():
@@ -41,6 +95,24 @@ def test_apply_masks_adds_and_subtracts_mod_word():
         prg.apply_masks(np.zeros(4, np.int64), [(s1, 1)])
     with pytest.raises(ConfigError):
         prg.apply_masks(np.zeros(4, np.uint32), [(b"short", 1)])
+
+
+def test_mask_rows_reduces_masked_rows_only_and_ignores_thread_count():
+    d, bits = prg.SEGMENT_BYTES // 4 * 3 + 7, 22  # several segments: threads take different ones
+    s1, s2 = b"\x03" * 32, b"\x04" * 32
+    x = np.random.default_rng(0).integers(0, 1 << bits, size=(3, d), dtype=np.uint32)
+    masks = [[(s1, 1), (s2, 1)], [(s1, -1)], []]  # row 2 has no masks (a dropped client's row)
+    ref = x.astype(np.int64)
+    ref[0] += prg.expand(s1, d).astype(np.int64) + prg.expand(s2, d).astype(np.int64)
+    ref[1] -= prg.expand(s1, d).astype(np.int64)
+    ref[:2] %= 1 << bits
+    for workers in (1, 2, 3):
+        y = x.copy()
+        prg.mask_rows(y, masks, workers, bits=bits)
+        assert np.array_equal(y, ref)
+    y = x.copy()
+    prg.mask_rows(y, masks, 2)  # without bits: words mod 2^32, so the high bits are set somewhere
+    assert int(y[0].max()) >> bits and np.array_equal(y[0] & np.uint32((1 << bits) - 1), ref[0])
 
 
 def test_mask_words_are_uniform():

@@ -211,7 +211,7 @@ def test_server_view_does_not_depend_on_one_clients_input():
 
 def test_batch_masking_equals_each_clients_own_masking():
     k, bits, seed = 12, 22, 3
-    d = 3 * (prg.CHUNK_BYTES // 4) + 5  # several keystream chunks and a ragged tail
+    d = 3 * (prg.SEGMENT_BYTES // 4) + 5  # several keystream segments and a ragged tail
     rows = _words(k, d, bits).astype(np.uint32)  # the ring's word type: can be masked in place
     got, sums = {}, []
     for workers, overwrite in ((1, False), (3, False), ("in place", True)):
