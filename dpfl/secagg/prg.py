@@ -36,10 +36,15 @@ from dpfl.errors import ConfigError
 try:  # the optional C kernel (setup.py): same words, used where the CPU has AVX-512 and VAES
     from dpfl.secagg import _maskkernel as _native
 
-    if not _native.available():
+    if not _native.available() or os.environ.get("DPFL_SECAGG_KERNEL", "1") == "0":  # 0: compare paths
         _native = None
 except ImportError:  # not compiled on this platform
     _native = None
+
+
+def kernel_in_use() -> bool:
+    """Whether masks are computed by the C kernel (else by OpenSSL through `cryptography` + NumPy)."""
+    return _native is not None
 
 SEED_BYTES = 32
 SEGMENT_BYTES = 1 << 19  # keystream bytes under one nonce (part of the PRG's definition), one call each

@@ -1,4 +1,7 @@
 import itertools
+import os
+import subprocess
+import sys
 from collections import deque
 
 import numpy as np
@@ -233,3 +236,10 @@ def test_disconnection_criterion_and_bound_by_brute_force():
 def test_security_bits_complete_graph():
     assert graph.security_bits(100, 99, 50, 5, 30) == float("inf")
     assert graph.security_bits(100, 99, 50, 60, 0) < 1  # a corrupt majority of shareholders breaks it
+
+
+def test_environment_switches_the_c_kernel_off():
+    code = "from dpfl.secagg import prg; print(prg.kernel_in_use())"
+    env = {**os.environ, "DPFL_SECAGG_KERNEL": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
