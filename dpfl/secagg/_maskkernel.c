@@ -171,6 +171,62 @@ static int cpu_ok(void) { return 0; }
 
 static PyObject *available(PyObject *self, PyObject *args) { return PyBool_FromLong(cpu_ok()); }
 
+/* int_range(buf, itemsize, signed) -> (min, max) of a buffer of 4- or 8-byte integers, one pass,
+ * GIL released (plain C: any CPU; an AVX2 clone where the CPU has it). For the range checks of
+ * the secure sum's integer encoding. */
+#if defined(DPFL_X86) && defined(__linux__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+CLONES static void range_i32(const int32_t *x, Py_ssize_t n, int64_t *mn, int64_t *mx) {
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    for (Py_ssize_t i = 0; i < n; i++) { lo = x[i] < lo ? x[i] : lo; hi = x[i] > hi ? x[i] : hi; }
+    *mn = lo, *mx = hi;
+}
+
+CLONES static void range_i64(const int64_t *x, Py_ssize_t n, int64_t *mn, int64_t *mx) {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (Py_ssize_t i = 0; i < n; i++) { lo = x[i] < lo ? x[i] : lo; hi = x[i] > hi ? x[i] : hi; }
+    *mn = lo, *mx = hi;
+}
+
+CLONES static void range_u32(const uint32_t *x, Py_ssize_t n, uint64_t *mn, uint64_t *mx) {
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { lo = x[i] < lo ? x[i] : lo; hi = x[i] > hi ? x[i] : hi; }
+    *mn = lo, *mx = hi;
+}
+
+CLONES static void range_u64(const uint64_t *x, Py_ssize_t n, uint64_t *mn, uint64_t *mx) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { lo = x[i] < lo ? x[i] : lo; hi = x[i] > hi ? x[i] : hi; }
+    *mn = lo, *mx = hi;
+}
+
+static PyObject *int_range(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    int itemsize, is_signed;
+    if (!PyArg_ParseTuple(args, "y*ip", &b, &itemsize, &is_signed)) return NULL;
+    if ((itemsize != 4 && itemsize != 8) || b.len % itemsize || b.len == 0) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "int_range: need a non-empty buffer of 4- or 8-byte integers");
+        return NULL;
+    }
+    Py_ssize_t n = b.len / itemsize;
+    int64_t smin = INT64_MAX, smax = INT64_MIN;
+    uint64_t umin = UINT64_MAX, umax = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (is_signed && itemsize == 4) range_i32(b.buf, n, &smin, &smax);
+    else if (is_signed) range_i64(b.buf, n, &smin, &smax);
+    else if (itemsize == 4) range_u32(b.buf, n, &umin, &umax);
+    else range_u64(b.buf, n, &umin, &umax);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (is_signed) return Py_BuildValue("(LL)", (long long)smin, (long long)smax);
+    return Py_BuildValue("(KK)", (unsigned long long)umin, (unsigned long long)umax);
+}
+
 /* mask_segment(y, row_stride, itemsize, seg, c0, nbytes, seg_bytes, seeds, use_ptr, use_row, use_sign,
  *              red_ptr, red_row, keep): y a C-contiguous word matrix, c0 = seg·seg_bytes; seeds
  *              concatenated; for seed i, rows use_row[use_ptr[i]:use_ptr[i+1]] (int64) get sign
@@ -227,6 +283,7 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU can run the kernel (AVX-512F/BW and VAES)."},
+    {"int_range", int_range, METH_VARARGS, "(min, max) of a buffer of 4- or 8-byte integers."},
     {"mask_segment", mask_segment, METH_VARARGS, "Mask one keystream segment of a word matrix in place."},
     {NULL, NULL, 0, NULL}};
 

@@ -206,9 +206,13 @@ class Client:
             out[v] = nonce + ct
         return ShareKeys(self.id, self.cfg.round_id, out)
 
-    def mask_seeds(self, inbox: Mapping[int, bytes]) -> list[tuple[bytes, int]]:
+    def mask_seeds(
+        self, inbox: Mapping[int, bytes], agreed: dict[tuple[int, int], bytes] | None = None
+    ) -> list[tuple[bytes, int]]:
         """Take the ciphertexts of neighbours in U2; return this client's masks as (seed, sign):
-        the self mask (+) and one pairwise mask per neighbour in U2 (+ if id < neighbour, else −)."""
+        the self mask (+) and one pairwise mask per neighbour in U2 (+ if id < neighbour, else −).
+        `agreed` (simulation, both ends in one process): pair seeds the other end already derived,
+        keyed by (smaller id, larger id); the agreement is symmetric, so they are the same bytes."""
         if self._self_seed is None:
             raise ProtocolError(f"client {self.id}: masked input before sharing keys")
         if not set(inbox) <= set(self._keys):
@@ -216,9 +220,13 @@ class Client:
         self._inbox = dict(inbox)
         masks = [(self._self_seed, 1)]
         for v in sorted(inbox):
-            masks.append(
-                (kx.agree(self._mask_sk, self._keys[v][1], "mask", self.cfg.round_id), _sign(self.id, v))
-            )
+            pair = (min(self.id, v), max(self.id, v))
+            seed = agreed.get(pair) if agreed is not None else None
+            if seed is None:
+                seed = kx.agree(self._mask_sk, self._keys[v][1], "mask", self.cfg.round_id)
+                if agreed is not None:
+                    agreed[pair] = seed
+            masks.append((seed, _sign(self.id, v)))
         return masks
 
     def masked_input(self, x: np.ndarray, inbox: Mapping[int, bytes]) -> MaskedInput:

@@ -30,7 +30,19 @@ import torch
 
 from dpfl.errors import ConfigError, ProtocolError
 
+try:  # the optional C extension (setup.py): a one-pass min/max for the range checks
+    from dpfl.secagg import _maskkernel as _kernel
+except ImportError:
+    _kernel = None
+
 MAX_BITS = 64
+
+
+def int_range(x: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array, in one pass where the C extension is built."""
+    if _kernel is not None and x.dtype.kind in "iu" and x.dtype.itemsize in (4, 8) and x.flags.c_contiguous:
+        return _kernel.int_range(x, x.dtype.itemsize, x.dtype.kind == "i")
+    return int(x.min()), int(x.max())
 
 
 def word_dtype(bits: int) -> np.dtype:
@@ -152,6 +164,7 @@ def encode_int(rows: torch.Tensor | np.ndarray, bits: int, bound: int | None = N
     """Integer rows [k, d] (e.g. discrete Gaussian shares) → words in Z_(2^bits).
 
     Every |value| must be ≤ `bound` (default: `client_bound(bits, k)`, the no-overflow limit).
+    (`simulate.secure_sum` also takes signed rows and encodes them without a copy.)
     """
     check_bits(bits)
     x = rows.detach().to("cpu").numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
@@ -170,7 +183,8 @@ def encode_int(rows: torch.Tensor | np.ndarray, bits: int, bound: int | None = N
         raise ConfigError(
             f"per-client bound {bound} can overflow {bits} bits with {x.shape[0]} clients (max {limit})"
         )
-    worst = max(-int(x.min()), int(x.max())) if x.size else 0
+    lo, hi = int_range(x) if x.size else (0, 0)
+    worst = max(-lo, hi)
     if worst > bound:
         raise ProtocolError(
             f"integer value of magnitude {worst} outside the allowed range ±{bound} for b = {bits}"

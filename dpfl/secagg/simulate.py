@@ -7,23 +7,36 @@ from collections.abc import Collection
 
 import numpy as np
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, ProtocolError
 from dpfl.rng import CryptoRNG, Seeds
 from dpfl.secagg.graph import complete_graph, default_threshold, harary_graph
 from dpfl.secagg.prg import default_workers, mask_rows
 from dpfl.secagg.protocol import Client, MaskedInput, RoundConfig, Server
-from dpfl.secagg.ring import check_bits, word_dtype
+from dpfl.secagg.ring import check_bits, client_bound, int_range, reduce, word_dtype
 
 
 def _check_rows(rows: np.ndarray, bits: int) -> np.ndarray:
+    """Words in Z_(2^bits), or signed integer rows encoded here (two's complement, checked first)."""
     rows = np.asarray(rows)
     if rows.ndim != 2 or rows.shape[0] < 2 or rows.shape[1] < 1:
         raise ConfigError(f"rows must have shape [k ≥ 2, d ≥ 1], got {rows.shape}")
     if not np.issubdtype(rows.dtype, np.integer):
-        raise ConfigError(f"rows must be integer words in Z_2^{bits}, got dtype {rows.dtype}")
-    if rows.size and ((rows.dtype.kind != "u" and int(rows.min()) < 0) or int(rows.max()) >> bits):
+        raise ConfigError(f"rows must be integers (words in Z_2^{bits} or signed values), got dtype {rows.dtype}")
+    wd = word_dtype(bits)
+    lo, hi = int_range(rows)
+    if rows.dtype.kind == "i":
+        bound = client_bound(bits, rows.shape[0])
+        if max(-lo, hi) > bound:
+            raise ProtocolError(
+                f"integer value of magnitude {max(-lo, hi)} outside the allowed range ±{bound} "
+                f"for b = {bits} and {rows.shape[0]} clients"
+            )
+        if rows.dtype.itemsize == wd.itemsize:  # the same bits are x mod 2^(word bits); masking reduces them
+            return rows.view(wd)
+        return reduce(rows.astype(wd), bits)
+    if hi >> bits:
         raise ConfigError(f"rows must hold values in [0, 2^{bits}); encode them with dpfl.secagg.ring first")
-    return rows if rows.dtype == word_dtype(bits) else rows.astype(word_dtype(bits))
+    return rows if rows.dtype == wd else rows.astype(wd)
 
 
 def secure_sum(
@@ -43,7 +56,10 @@ def secure_sum(
 ) -> tuple[np.ndarray, dict]:
     """Σ_{u survives} rows_int[u] mod 2^bits, computed by the full protocol; returns (sum, stats).
 
-    rows_int: [k, d] words in Z_(2^bits) (see `ring`). drop_after_masking: clients that share
+    rows_int: [k, d] words in Z_(2^bits) (see `ring`), or signed integers (e.g. discrete-Gaussian
+    shares) with |x| ≤ `ring.client_bound(bits, k)`, encoded here: a word-wide type (int32 for
+    b ≤ 32) is viewed as words, no copy; anything out of range raises `ProtocolError` before a
+    word is written. drop_after_masking: clients that share
     their keys but whose masked input never arrives (excluded from the sum; their masks are
     removed through Shamir recovery). drop_before_unmasking: survivors that send no shares.
     neighbours: None for the complete graph, or an even k for the SecAgg+ Harary graph.
@@ -52,8 +68,9 @@ def secure_sum(
     key and seed from the OS; an int makes the run reproducible. workers: threads for the mask
     keystreams (default `prg.default_workers()`; results do not depend on it). `server` lets a
     test keep the server's view (pass a `Server` built for the same config via `make_config`).
-    overwrite: mask `rows_int` in place when it already holds words of the ring's dtype (as each
-    deployed client masks its own buffer), saving a copy of all k inputs; its contents are then lost.
+    overwrite: mask `rows_int` in place when it holds words of the ring's dtype or word-wide signed
+    integers (as each deployed client masks its own buffer), saving a copy of all k inputs; its
+    contents are then lost.
     stats: ids of survivors and dropped clients, per-client bytes of the masked input
     (`masked_input_bytes`, 0 when it never arrived) and of the other messages (`protocol_bytes`),
     and wall seconds per phase (`keys_s`, `mask_s` for all clients, `server_sum_s`, `unmask_s`).
@@ -99,17 +116,18 @@ def secure_sum(
     inbox = srv.close_shares()
     timing["keys_s"] = time.perf_counter() - t0
 
-    # MaskedInput, for all senders at once: each client's own masks (its key agreements), applied by
-    # `mask_rows`, which expands a pair's shared seed once for both ends: the same words as
-    # `Client.masked_input` row by row (tested), at half the keystream work.
+    # MaskedInput, for all senders at once: each client's own masks (its key agreements; a pair's
+    # seed is derived once for both ends), applied by `mask_rows`, which expands a pair's seed once
+    # too: the same words as `Client.masked_input` row by row (tested), at half the work.
     senders = [c for c in clients if c.id not in dropped]
     t1 = time.perf_counter()
+    agreed: dict[tuple[int, int], bytes] = {}  # each pair's seed derived once (symmetric agreement)
     if overwrite and rows.flags.c_contiguous:  # the dropped rows stay unmasked and are never sent
         y, at = rows, {c.id: c.id for c in senders}
-        masks = [[] if c.id in dropped else c.mask_seeds(inbox[c.id]) for c in clients]
+        masks = [[] if c.id in dropped else c.mask_seeds(inbox[c.id], agreed) for c in clients]
     else:  # a copy: the caller's rows stay as they are
         y, at = rows[[c.id for c in senders]], {c.id: i for i, c in enumerate(senders)}
-        masks = [c.mask_seeds(inbox[c.id]) for c in senders]
+        masks = [c.mask_seeds(inbox[c.id], agreed) for c in senders]
     mask_rows(y, masks, workers, bits)  # every sender has at least its self mask, so all are reduced
     t2 = time.perf_counter()
     for c in senders:

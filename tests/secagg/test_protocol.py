@@ -239,3 +239,28 @@ def test_batch_masking_equals_each_clients_own_masking():
     for u in got[1]:
         ref = clients[u].masked_input(rows[u], inbox[u]).values
         assert all(np.array_equal(g[u], ref) for g in got.values())
+
+
+@pytest.mark.parametrize("dtype,bits", [(np.int32, 22), (np.int64, 40), (np.int16, 22)])
+def test_signed_rows_are_encoded_in_place_and_checked_first(dtype, bits):
+    from dpfl.secagg import ring
+
+    k, d = 6, 2 * (prg.SEGMENT_BYTES // 4) + 3
+    lim = min(ring.client_bound(bits, k), np.iinfo(dtype).max)
+    x = np.random.default_rng(2).integers(-lim, lim + 1, size=(k, d)).astype(dtype)
+    x[0, 0], x[1, 1] = -lim, lim  # the extremes are allowed
+    expect = ring.centred_lift(ring.encode_int(x, bits).sum(axis=0, dtype=np.uint64), bits)
+    assert np.array_equal(expect, x.sum(axis=0, dtype=np.int64))
+    for overwrite in (False, True):
+        mine = x.copy()
+        total, _ = secure_sum(mine, bits, neighbours=2, rng_seed=1, overwrite=overwrite)
+        assert np.array_equal(ring.centred_lift(total, bits), expect)
+        word_wide = np.dtype(dtype).itemsize == ring.word_dtype(bits).itemsize
+        assert np.array_equal(mine, x) != (overwrite and word_wide)  # masked in its own memory only then
+    bad = x.copy()
+    bad[2, 7] = -lim - 1 if lim < np.iinfo(dtype).max else bad[2, 7]
+    if bad[2, 7] != x[2, 7]:
+        kept = bad.copy()
+        with pytest.raises(ProtocolError, match="outside the allowed range"):
+            secure_sum(bad, bits, neighbours=2, rng_seed=1, overwrite=True)
+        assert np.array_equal(bad, kept)  # rejected before a word was written

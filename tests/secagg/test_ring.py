@@ -75,6 +75,15 @@ def test_encode_int_rejects_out_of_range_and_non_integers():
     assert np.array_equal(ring.centred_lift(ring.encode_int(t, 8), 8), t.numpy())
 
 
+def test_int_range_matches_numpy():
+    rng = np.random.default_rng(4)
+    for dtype in (np.int32, np.int64, np.uint32, np.uint64):
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, size=(3, 4099), dtype=dtype, endpoint=True)
+        x[1, 5], x[2, 9] = info.min, info.max
+        assert ring.int_range(x) == (int(x.min()), int(x.max()))
+
+
 def test_fixed_point_round_trip_on_grid_is_exact():
     f, c, k = 10, 3.0, 5
     rng = np.random.default_rng(0)
