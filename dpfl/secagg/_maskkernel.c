@@ -124,11 +124,9 @@ TGT static void and_words(uint8_t *dst, size_t nbytes, int itemsize, uint64_t ke
 TGT static void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ssize_t c0, Py_ssize_t nbytes,
                        uint64_t seg, const uint8_t *seeds, Py_ssize_t nseeds, const int64_t *use_ptr,
                        const int64_t *use_row, const int8_t *use_sign, const int64_t *red_ptr,
-                       const int64_t *red_row, uint64_t keep) {
-    __m128i *rk = PyMem_RawMalloc(sizeof(__m128i) * 15 * (size_t)(nseeds ? nseeds : 1)); /* 16-aligned */
+                       const int64_t *red_row, uint64_t keep, __m128i *rk) {
     uint8_t ctr[BLOCK_WORDS_BYTES] __attribute__((aligned(64)));
     uint8_t ks[BLOCK_WORDS_BYTES] __attribute__((aligned(64)));
-    if (!rk) return;
     for (Py_ssize_t i = 0; i < nseeds; i++) {
         __m128i k[15];
         expand_key(seeds + SEED_BYTES * i, k);
@@ -157,7 +155,6 @@ TGT static void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ss
                     and_words(base + red_row[u] * row_stride + c0 + off, (size_t)len, itemsize, keep);
         }
     }
-    PyMem_RawFree(rk);
 }
 
 static int cpu_ok(void) {
@@ -259,16 +256,25 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
             bad = rrow[i] < 0 || rrow[i] >= nrows || rrow[i] * row_stride + c0 + nbytes > y.len;
         for (Py_ssize_t i = 0; !bad && i < nseeds; i++)
             bad = uptr[i] > uptr[i + 1] || rptr[i] > rptr[i + 1];
+        const int8_t *sgn = us.buf;
+        for (Py_ssize_t i = 0; !bad && i < us.len; i++) bad = sgn[i] != 1 && sgn[i] != -1;
         if (bad) {
             PyErr_SetString(PyExc_ValueError, "mask kernel: row index or plan out of range");
         } else {
 #ifdef DPFL_X86
-            Py_BEGIN_ALLOW_THREADS
-            kernel((uint8_t *)y.buf, row_stride, itemsize, c0, nbytes, (uint64_t)seg, seeds.buf, nseeds, uptr,
-                   urow, us.buf, rptr, rrow, (uint64_t)keep);
-            Py_END_ALLOW_THREADS
+            /* round keys, 16-byte aligned; a failure raises: a row is never sent without its masks */
+            __m128i *rk = PyMem_RawMalloc(sizeof(__m128i) * 15 * (size_t)(nseeds ? nseeds : 1));
+            if (!rk) {
+                PyErr_NoMemory();
+            } else {
+                Py_BEGIN_ALLOW_THREADS
+                kernel((uint8_t *)y.buf, row_stride, itemsize, c0, nbytes, (uint64_t)seg, seeds.buf, nseeds,
+                       uptr, urow, sgn, rptr, rrow, (uint64_t)keep, rk);
+                Py_END_ALLOW_THREADS
+                PyMem_RawFree(rk);
+                ret = Py_NewRef(Py_None);
+            }
 #endif
-            ret = Py_NewRef(Py_None);
         }
     }
     PyBuffer_Release(&y);

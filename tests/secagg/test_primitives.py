@@ -68,7 +68,7 @@ def test_c_kernel_rejects_plans_outside_the_matrix():
     y = np.zeros((2, 64), dtype=np.uint32)
     ptr, sign, none = np.array([0, 1], np.int64), np.ones(1, np.int8), np.zeros(0, np.int64)
 
-    def call(row, c0=0, nbytes=256):
+    def call(row, c0=0, nbytes=256, sign=sign):
         prg._native.mask_segment(y, 256, 4, 0, c0, nbytes, prg.SEGMENT_BYTES, SEED, ptr,
                                  np.array([row], np.int64), sign, np.zeros(2, np.int64), none, 0)
 
@@ -81,6 +81,8 @@ def test_c_kernel_rejects_plans_outside_the_matrix():
         call(0, c0=64)  # not the start of the segment
     with pytest.raises(ValueError, match="out of range"):
         call(1, nbytes=512)  # past the end of the buffer
+    with pytest.raises(ValueError, match="out of range"):
+        call(1, sign=np.zeros(1, np.int8))  # a sign other than ±1
 
 
 def test_apply_masks_adds_and_subtracts_mod_word():
