@@ -46,6 +46,7 @@ def kernel_in_use() -> bool:
     """Whether masks are computed by the C kernel (else by OpenSSL through `cryptography` + NumPy)."""
     return _native is not None
 
+
 SEED_BYTES = 32
 SEGMENT_BYTES = 1 << 19  # keystream bytes under one nonce (part of the PRG's definition), one call each
 _ZEROS = bytes(SEGMENT_BYTES)
