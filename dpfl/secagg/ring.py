@@ -128,9 +128,19 @@ def gaussian_clip_range(l2_clip: float, noise_std: float, n_values: int, log2_fa
 
 
 def encode_fixed(
-    rows: torch.Tensor | np.ndarray, bits: int, clip_range: float, frac_bits: int, rng: np.random.Generator
+    rows: torch.Tensor | np.ndarray,
+    bits: int,
+    clip_range: float,
+    frac_bits: int,
+    rng: np.random.Generator,
+    inplace: bool = False,
 ) -> np.ndarray:
-    """Real rows [k, d] → words in Z_(2^bits) [k, d] (scale 2^frac_bits, stochastic rounding)."""
+    """Real rows [k, d] → words in Z_(2^bits) [k, d] (scale 2^frac_bits, stochastic rounding).
+
+    `inplace`: when the rows are C-contiguous floats of the word's width (float32 for b ≤ 32),
+    write each row's words over that row once it has been read (the caller's rows are then gone;
+    same words): this skips a fresh [k, d] array whose first-touch page faults cost more than the
+    encoding. The range is checked first: rejected rows are left as they were."""
     check_bits(bits)
     x = rows.detach().to("cpu").numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
     if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
@@ -149,8 +159,10 @@ def encode_fixed(
     if worst > clip_range:
         raise ProtocolError(f"value {worst:.6g} outside the clip range ±{clip_range}; raise clip_range")
     scale = math.ldexp(1.0, int(frac_bits))
-    out = np.empty(x.shape, dtype=word_dtype(bits))
-    for i in range(x.shape[0]):  # row by row: bounded memory
+    wd = word_dtype(bits)
+    mine = inplace and x.dtype.kind == "f" and x.dtype.itemsize == wd.itemsize and x.flags.c_contiguous
+    out = x.view(wd) if mine and x.flags.writeable else np.empty(x.shape, dtype=wd)
+    for i in range(x.shape[0]):  # row by row: bounded memory; row i is read before it is written
         y = x[i].astype(np.float64)
         y *= scale  # exact (power of two)
         q = np.floor(y)

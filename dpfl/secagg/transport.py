@@ -19,8 +19,8 @@ class SecAggTransport(Transport):
     if given and large enough). Use `ring.gaussian_clip_range` to size clip_range for noisy rows.
     encoding="int": integer rows (discrete Gaussian shares); `bits` is required, e.g.
     `ring.sign_dp_bits(n, sigma, cohort)`, and each |value| must be ≤ (2^(b-1) − 1)/k. Integer
-    rows of the word's width (int32 for b ≤ 32) are encoded and masked in their own memory, as
-    each client masks its own buffer: `transmit` consumes them.
+    rows of the word's width (int32 for b ≤ 32), like float32 rows in fixed point, are encoded and
+    masked in their own memory, as each client masks its own buffer: `transmit` consumes them.
 
     max_dropouts (l): how many clients the noise calibration tolerates; a round with more drops
     aborts (`RoundAborted`) instead of releasing a sum with fewer noise shares. The default 0
@@ -89,7 +89,8 @@ class SecAggTransport(Transport):
         k = int(u.shape[0])
         bits = self.round_bits(k)
         if self.encoding == "fixed":
-            words = ring.encode_fixed(u, bits, self.clip_range, self.frac_bits, ctx.numpy_rng("secagg-round"))
+            words = ring.encode_fixed(u, bits, self.clip_range, self.frac_bits, ctx.numpy_rng("secagg-round"),
+                                      inplace=True)  # the round's own rows, not used after this
         else:
             x = u.detach().to("cpu").numpy()  # signed rows: encoded (checked) and masked in their own memory
             words = x if x.dtype.kind == "i" else ring.encode_int(u, bits)

@@ -75,6 +75,24 @@ def test_encode_int_rejects_out_of_range_and_non_integers():
     assert np.array_equal(ring.centred_lift(ring.encode_int(t, 8), 8), t.numpy())
 
 
+def test_encode_fixed_in_place_gives_the_same_words_in_the_rows_memory():
+    f, c, k = 12, 3.0, 4
+    b = ring.fixed_point_bits(c, f, k)
+    x = np.random.default_rng(1).uniform(-c, c, size=(k, 5003)).astype(np.float32)
+    ref = ring.encode_fixed(x, b, c, f, np.random.default_rng(7))
+    mine = x.copy()
+    words = ring.encode_fixed(mine, b, c, f, np.random.default_rng(7), inplace=True)
+    assert np.shares_memory(words, mine) and np.array_equal(words, ref)
+    bad = x.copy()
+    bad[3, 9] = 2 * c
+    kept = bad.copy()
+    with pytest.raises(ProtocolError, match="clip range"):
+        ring.encode_fixed(bad, b, c, f, np.random.default_rng(7), inplace=True)
+    assert np.array_equal(bad, kept)
+    wide = x.astype(np.float64)  # not the word's width (b ≤ 32: uint32): new memory
+    assert not np.shares_memory(ring.encode_fixed(wide, b, c, f, np.random.default_rng(7), inplace=True), wide)
+
+
 def test_int_range_matches_numpy():
     rng = np.random.default_rng(4)
     for dtype in (np.int32, np.int64, np.uint32, np.uint64):

@@ -32,14 +32,14 @@ def test_fixed_point_sum_of_noisy_rows():
     c = ring.gaussian_clip_range(S, share_std, k * d)
     tr = SecAggTransport("fixed", clip_range=c, frac_bits=f)
     ctx = _ctx(k, d)
-    rec = tr.transmit(u, ctx)
+    rec = tr.transmit(u.clone(), ctx)  # transmit encodes float32 rows in their own memory
     assert tr.secure and rec.rows is None and rec.count == k
     err = (rec.total - u.double().sum(0)).abs().max().item()
     assert err < k * 2.0**-f  # each client's rounding error is below one unit
     b = ring.fixed_point_bits(c, f, k)
     assert ctx.metrics["secagg_bits"] == b
     assert (rec.upstream_bytes == 13 + -(-d * b // 8)).all()
-    again = tr.transmit(u, _ctx(k, d))  # same seed: bit-identical
+    again = tr.transmit(u.clone(), _ctx(k, d))  # same seed: bit-identical
     assert torch.equal(rec.total, again.total)
 
 
