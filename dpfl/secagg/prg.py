@@ -91,18 +91,14 @@ def _local_order(uses: dict[bytes, list[tuple[int, int]]], k: int) -> dict[bytes
     return dict(sorted(uses.items(), key=lambda kv: min(rank[r] for r, _ in kv[1])))
 
 
-def _python_runner(y, plan, keep, todo, lock):
+def _python_runner(y, plan, keep, take):
     item, seg = y.itemsize, SEGMENT_BYTES // y.itemsize
 
     def run() -> None:
         raw = bytearray(SEGMENT_BYTES + 16)  # spare bytes: older `update_into` wants block_size − 1 more
         buf = np.frombuffer(raw, dtype=y.dtype.newbyteorder("<"), count=seg)
         zeros = memoryview(_ZEROS)
-        while True:
-            with lock:
-                s = next(todo, None)
-            if s is None:
-                return
+        for s in iter(take, None):
             start = s * seg
             m = min(seg, y.shape[1] - start)
             ks = buf[:m]
@@ -118,8 +114,8 @@ def _python_runner(y, plan, keep, todo, lock):
     return run
 
 
-def _native_runner(y, plan, keep, todo, lock):
-    """The C kernel on whole segments (it releases the GIL; the threads share nothing but `todo`)."""
+def _native_runner(y, plan, keep, take):
+    """The C kernel on whole segments (it releases the GIL; the threads share nothing but `take`)."""
     seeds = b"".join(seed for seed, _, _ in plan)
     use_ptr = np.cumsum([0] + [len(rows) for _, rows, _ in plan], dtype=np.int64)
     use_row = np.array([row for _, rows, _ in plan for row, _ in rows], dtype=np.int64)
@@ -130,11 +126,7 @@ def _native_runner(y, plan, keep, todo, lock):
     keep_word = 0 if keep is None else int(keep)
 
     def run() -> None:
-        while True:
-            with lock:
-                s = next(todo, None)
-            if s is None:
-                return
+        for s in iter(take, None):
             c0 = s * SEGMENT_BYTES
             _native.mask_segment(y, y.strides[0], item, s, c0, min(SEGMENT_BYTES, total - c0), SEGMENT_BYTES,
                                  seeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep_word)
@@ -185,12 +177,16 @@ def mask_rows(
     n_seg = -(-y.shape[1] // seg)
     if not n_seg or not plan:
         return y
-    todo = iter(range(n_seg))  # segments are handed out one at a time (balances the threads)
-    lock = threading.Lock()
+    todo, lock = iter(range(n_seg)), threading.Lock()
+
+    def take() -> int | None:  # segments are handed out one at a time (balances the threads)
+        with lock:
+            return next(todo, None)
+
     if _native is not None and use_native and y.flags.c_contiguous:
-        run = _native_runner(y, plan, keep, todo, lock)
+        run = _native_runner(y, plan, keep, take)
     else:
-        run = _python_runner(y, plan, keep, todo, lock)
+        run = _python_runner(y, plan, keep, take)
 
     n = max(1, min(int(workers), n_seg))
     if n == 1:
