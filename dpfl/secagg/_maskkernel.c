@@ -271,6 +271,8 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
                 kernel((uint8_t *)y.buf, row_stride, itemsize, c0, nbytes, (uint64_t)seg, seeds.buf, nseeds,
                        uptr, urow, sgn, rptr, rrow, (uint64_t)keep, rk);
                 Py_END_ALLOW_THREADS
+                volatile uint8_t *wipe = (volatile uint8_t *)rk; /* round keys are key material */
+                for (size_t i = 0; i < sizeof(__m128i) * 15 * (size_t)(nseeds ? nseeds : 1); i++) wipe[i] = 0;
                 PyMem_RawFree(rk);
                 ret = Py_NewRef(Py_None);
             }
