@@ -5,10 +5,11 @@
  * the rows that use it, in column blocks small enough that a block's keystream and rows stay
  * in L1/L2; then reduces the rows whose last mask it was. It runs with the GIL released.
  *
- * The AES rounds are the CPU's (VAES on 512-bit registers, AES-NI for the key schedule):
- * constant time, no tables. Only built for x86-64 with GCC or Clang, and only used when the CPU
- * reports AVX-512F/BW and VAES (`available()`); elsewhere prg.py keeps its own path. Tests check
- * the words bit for bit against OpenSSL (`cryptography`) and against the pure-Python path.
+ * The AES rounds are the CPU's: constant time, no tables. Level 2 (`cpu_level()`): VAES on
+ * 512-bit registers, where the CPU has AVX-512F/BW and VAES; level 1: AES-NI on 128-bit
+ * registers (any x86-64 with AES-NI and SSE4.1). Only built for x86-64 with GCC or Clang;
+ * elsewhere (level 0) prg.py keeps its own path. Tests check the words bit for bit against
+ * OpenSSL (`cryptography`) and against the pure-Python path, at every level the CPU has.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,9 +25,11 @@
 #define BLOCK_WORDS_BYTES 4096 /* column block: 256 AES blocks */
 
 #ifdef DPFL_X86
+#define TGT_AES __attribute__((target("aes,sse4.1")))
 #define TGT __attribute__((target("aes,sse4.1,avx2,avx512f,avx512bw,vaes")))
+#define INLINE static inline __attribute__((always_inline))
 
-TGT static inline __m128i assist_1(__m128i t1, __m128i t2) {
+TGT_AES static inline __m128i assist_1(__m128i t1, __m128i t2) {
     __m128i t4;
     t2 = _mm_shuffle_epi32(t2, 0xff);
     t4 = _mm_slli_si128(t1, 4);
@@ -38,7 +41,7 @@ TGT static inline __m128i assist_1(__m128i t1, __m128i t2) {
     return _mm_xor_si128(t1, t2);
 }
 
-TGT static inline __m128i assist_2(__m128i t1, __m128i t3) {
+TGT_AES static inline __m128i assist_2(__m128i t1, __m128i t3) {
     __m128i t2, t4;
     t4 = _mm_aeskeygenassist_si128(t1, 0x0);
     t2 = _mm_shuffle_epi32(t4, 0xaa);
@@ -58,7 +61,7 @@ TGT static inline __m128i assist_2(__m128i t1, __m128i t3) {
     rk[i] = t1;                                                  \
     if ((i) + 1 < 15) { t3 = assist_2(t1, t3); rk[(i) + 1] = t3; }
 
-TGT static void expand_key(const uint8_t *key, __m128i rk[15]) {
+TGT_AES static void expand_key(const uint8_t *key, __m128i rk[15]) {
     __m128i t1 = _mm_loadu_si128((const __m128i *)key);
     __m128i t3 = _mm_loadu_si128((const __m128i *)(key + 16));
     __m128i t2;
@@ -69,7 +72,7 @@ TGT static void expand_key(const uint8_t *key, __m128i rk[15]) {
 }
 
 /* out[0..nblk) = AES_k(ctr[0..nblk)), nblk a multiple of 4; 16 blocks per step when possible. */
-TGT static void encrypt_blocks(const __m128i key[15], const uint8_t *ctr, uint8_t *out, size_t nblk) {
+TGT static void encrypt_vaes(const __m128i key[15], const uint8_t *ctr, uint8_t *out, size_t nblk) {
     __m512i rk[15];
     for (int r = 0; r < 15; r++) rk[r] = _mm512_broadcast_i32x4(_mm_loadu_si128(key + r));
     size_t i = 0;
@@ -94,7 +97,28 @@ TGT static void encrypt_blocks(const __m128i key[15], const uint8_t *ctr, uint8_
     }
 }
 
-TGT static void add_words(uint8_t *dst, const uint8_t *src, size_t nbytes, int itemsize, int sign) {
+/* The same with AES-NI on 128-bit registers, 8 blocks per step (nblk a multiple of 4). */
+TGT_AES static void encrypt_ni(const __m128i key[15], const uint8_t *ctr, uint8_t *out, size_t nblk) {
+    __m128i rk[15];
+    for (int r = 0; r < 15; r++) rk[r] = _mm_loadu_si128(key + r);
+    size_t i = 0;
+    for (; i + 8 <= nblk; i += 8) {
+        __m128i b[8];
+        for (int j = 0; j < 8; j++) b[j] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(ctr + 16 * (i + j))), rk[0]);
+        for (int r = 1; r < 14; r++)
+            for (int j = 0; j < 8; j++) b[j] = _mm_aesenc_si128(b[j], rk[r]);
+        for (int j = 0; j < 8; j++) _mm_storeu_si128((__m128i *)(out + 16 * (i + j)), _mm_aesenclast_si128(b[j], rk[14]));
+    }
+    for (; i < nblk; i++) {
+        __m128i b = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(ctr + 16 * i)), rk[0]);
+        for (int r = 1; r < 14; r++) b = _mm_aesenc_si128(b, rk[r]);
+        _mm_storeu_si128((__m128i *)(out + 16 * i), _mm_aesenclast_si128(b, rk[14]));
+    }
+}
+
+typedef void (*encrypt_fn)(const __m128i *, const uint8_t *, uint8_t *, size_t);
+
+INLINE void add_words(uint8_t *dst, const uint8_t *src, size_t nbytes, int itemsize, int sign) {
     if (itemsize == 4) {
         uint32_t *d = (uint32_t *)dst;
         const uint32_t *s = (const uint32_t *)src;
@@ -110,7 +134,7 @@ TGT static void add_words(uint8_t *dst, const uint8_t *src, size_t nbytes, int i
     }
 }
 
-TGT static void and_words(uint8_t *dst, size_t nbytes, int itemsize, uint64_t keep) {
+INLINE void and_words(uint8_t *dst, size_t nbytes, int itemsize, uint64_t keep) {
     if (itemsize == 4) {
         uint32_t *d = (uint32_t *)dst, k = (uint32_t)keep;
         for (size_t i = 0; i < nbytes / 4; i++) d[i] &= k;
@@ -120,11 +144,12 @@ TGT static void and_words(uint8_t *dst, size_t nbytes, int itemsize, uint64_t ke
     }
 }
 
-/* The kernel: columns [c0, c0 + nbytes) (bytes from each row's start), the start of segment `seg`. */
-TGT static void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ssize_t c0, Py_ssize_t nbytes,
-                       uint64_t seg, const uint8_t *seeds, Py_ssize_t nseeds, const int64_t *use_ptr,
-                       const int64_t *use_row, const int8_t *use_sign, const int64_t *red_ptr,
-                       const int64_t *red_row, uint64_t keep, __m128i *rk) {
+/* The kernel: columns [c0, c0 + nbytes) (bytes from each row's start), the start of segment `seg`.
+ * Inlined into one wrapper per level, so its adds are compiled for that level's vector width. */
+INLINE void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ssize_t c0, Py_ssize_t nbytes,
+                   uint64_t seg, const uint8_t *seeds, Py_ssize_t nseeds, const int64_t *use_ptr,
+                   const int64_t *use_row, const int8_t *use_sign, const int64_t *red_ptr,
+                   const int64_t *red_row, uint64_t keep, __m128i *rk, encrypt_fn encrypt) {
     uint8_t ctr[BLOCK_WORDS_BYTES] __attribute__((aligned(64)));
     uint8_t ks[BLOCK_WORDS_BYTES] __attribute__((aligned(64)));
     for (Py_ssize_t i = 0; i < nseeds; i++) {
@@ -147,7 +172,7 @@ TGT static void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ss
             ctr[16 * j + 15] = (uint8_t)c;
         }
         for (Py_ssize_t i = 0; i < nseeds; i++) {
-            encrypt_blocks(rk + 15 * i, ctr, ks, nblk);
+            encrypt(rk + 15 * i, ctr, ks, nblk);
             for (int64_t u = use_ptr[i]; u < use_ptr[i + 1]; u++)
                 add_words(base + use_row[u] * row_stride + c0 + off, ks, (size_t)len, itemsize, use_sign[u]);
             if (keep)
@@ -157,16 +182,28 @@ TGT static void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ss
     }
 }
 
-static int cpu_ok(void) {
+#define KERNEL_ARGS                                                                                        \
+    uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ssize_t c0, Py_ssize_t nbytes, uint64_t seg,    \
+        const uint8_t *seeds, Py_ssize_t nseeds, const int64_t *use_ptr, const int64_t *use_row,           \
+        const int8_t *use_sign, const int64_t *red_ptr, const int64_t *red_row, uint64_t keep, __m128i *rk
+#define KERNEL_CALL(fn) \
+    kernel(base, row_stride, itemsize, c0, nbytes, seg, seeds, nseeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep, rk, fn)
+
+TGT static void kernel_vaes(KERNEL_ARGS) { KERNEL_CALL(encrypt_vaes); }
+TGT_AES static void kernel_ni(KERNEL_ARGS) { KERNEL_CALL(encrypt_ni); }
+
+static int cpu_level(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("vaes") && __builtin_cpu_supports("aes");
+    if (!__builtin_cpu_supports("aes") || !__builtin_cpu_supports("sse4.1")) return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vaes"))
+        return 2;
+    return 1;
 }
 #else
-static int cpu_ok(void) { return 0; }
+static int cpu_level(void) { return 0; }
 #endif
 
-static PyObject *available(PyObject *self, PyObject *args) { return PyBool_FromLong(cpu_ok()); }
+static PyObject *py_cpu_level(PyObject *self, PyObject *args) { return PyLong_FromLong(cpu_level()); }
 
 /* int_range(buf, itemsize, signed) -> (min, max) of a buffer of 4- or 8-byte integers, one pass,
  * GIL released (plain C: any CPU; an AVX2 clone where the CPU has it). For the range checks of
@@ -225,22 +262,23 @@ static PyObject *int_range(PyObject *self, PyObject *args) {
 }
 
 /* mask_segment(y, row_stride, itemsize, seg, c0, nbytes, seg_bytes, seeds, use_ptr, use_row, use_sign,
- *              red_ptr, red_row, keep): y a C-contiguous word matrix, c0 = seg·seg_bytes; seeds
+ *              red_ptr, red_row, keep, level): level 1 or 2, at most cpu_level(); y a C-contiguous word matrix, c0 = seg·seg_bytes; seeds
  *              concatenated; for seed i, rows use_row[use_ptr[i]:use_ptr[i+1]] (int64) get sign
  *              use_sign (int8, +1/−1), then rows red_row[red_ptr[i]:red_ptr[i+1]] are ANDed with
  *              keep (0: none). */
 static PyObject *mask_segment(PyObject *self, PyObject *args) {
     Py_buffer y, seeds, up, ur, us, rp, rr;
     Py_ssize_t row_stride, c0, nbytes, seg_bytes;
-    int itemsize;
+    int itemsize, level;
     unsigned long long seg, keep;
-    if (!PyArg_ParseTuple(args, "w*niKnnny*y*y*y*y*y*K", &y, &row_stride, &itemsize, &seg, &c0, &nbytes,
-                          &seg_bytes, &seeds, &up, &ur, &us, &rp, &rr, &keep))
+    if (!PyArg_ParseTuple(args, "w*niKnnny*y*y*y*y*y*Ki", &y, &row_stride, &itemsize, &seg, &c0, &nbytes,
+                          &seg_bytes, &seeds, &up, &ur, &us, &rp, &rr, &keep, &level))
         return NULL;
     PyObject *ret = NULL;
     Py_ssize_t nseeds = seeds.len / SEED_BYTES;
-    if (!cpu_ok()) {
-        PyErr_SetString(PyExc_RuntimeError, "mask kernel: this CPU lacks AVX-512 or VAES");
+    if (level < 1 || level > cpu_level()) {
+        PyErr_Format(PyExc_RuntimeError, "mask kernel: level %d not available on this CPU (level %d)", level,
+                     cpu_level());
     } else if ((itemsize != 4 && itemsize != 8) || seeds.len % SEED_BYTES || up.len != 8 * (nseeds + 1) ||
                rp.len != 8 * (nseeds + 1) || us.len * 8 != ur.len || c0 < 0 || nbytes < 0 ||
                nbytes % itemsize || seg_bytes <= 0 || seg_bytes % 64 || c0 != (Py_ssize_t)seg * seg_bytes ||
@@ -268,8 +306,9 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
                 PyErr_NoMemory();
             } else {
                 Py_BEGIN_ALLOW_THREADS
-                kernel((uint8_t *)y.buf, row_stride, itemsize, c0, nbytes, (uint64_t)seg, seeds.buf, nseeds,
-                       uptr, urow, sgn, rptr, rrow, (uint64_t)keep, rk);
+                (level == 2 ? kernel_vaes : kernel_ni)((uint8_t *)y.buf, row_stride, itemsize, c0, nbytes,
+                                                       (uint64_t)seg, seeds.buf, nseeds, uptr, urow, sgn, rptr,
+                                                       rrow, (uint64_t)keep, rk);
                 Py_END_ALLOW_THREADS
                 volatile uint8_t *wipe = (volatile uint8_t *)rk; /* round keys are key material */
                 for (size_t i = 0; i < sizeof(__m128i) * 15 * (size_t)(nseeds ? nseeds : 1); i++) wipe[i] = 0;
@@ -290,7 +329,7 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"available", available, METH_NOARGS, "Whether this CPU can run the kernel (AVX-512F/BW and VAES)."},
+    {"cpu_level", py_cpu_level, METH_NOARGS, "2: VAES + AVX-512, 1: AES-NI + SSE4.1, 0: no kernel on this CPU."},
     {"int_range", int_range, METH_VARARGS, "(min, max) of a buffer of 4- or 8-byte integers."},
     {"mask_segment", mask_segment, METH_VARARGS, "Mask one keystream segment of a word matrix in place."},
     {NULL, NULL, 0, NULL}};

@@ -7,8 +7,9 @@ rows: their encoding in Z_(2^b) (range check, in place), every client's key agre
 sharing and masking in turn, then the server's unmasking; and the exact
 sum is checked against a plain integer sum of the survivors' rows, which is also the baseline
 (what the server does without secure aggregation). Masks come from the C kernel
-(`dpfl/secagg/_maskkernel.c`) where it is built and the CPU has AVX-512 and VAES;
-`DPFL_SECAGG_KERNEL=0 dpfl bench secagg` times the OpenSSL + NumPy path instead (same words).
+(`dpfl/secagg/_maskkernel.c`) where it is built: VAES on CPUs with AVX-512 and VAES, else
+AES-NI; `DPFL_SECAGG_KERNEL=aesni` forces the AES-NI level and `DPFL_SECAGG_KERNEL=0` the
+OpenSSL + NumPy path (same words in every case).
 
 Reported per graph: wall and CPU seconds of the round (CPU time is the fairer number on a
 shared machine), the slowest single client's masking and the server's own work (what a real
@@ -175,7 +176,7 @@ def run_bench(
     table = Table(
         title=f"secure aggregation: {k} clients × {n:,} params, b = {bits}, "
         f"{n_drop} dropped after masking, {workers} threads, masks by "
-        f"{'the C kernel' if kernel_in_use() else 'OpenSSL + NumPy (no C kernel)'}"
+        f"{'the C kernel (' + kernel_in_use() + ')' if kernel_in_use() else 'OpenSSL + NumPy (no C kernel)'}"
     )
     for col in (
         "graph",

@@ -33,18 +33,21 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dpfl.errors import ConfigError
 
-try:  # the optional C kernel (setup.py): same words, used where the CPU has AVX-512 and VAES
+try:  # the optional C kernel (setup.py): same words; level 2 = VAES + AVX-512, 1 = AES-NI
     from dpfl.secagg import _maskkernel as _native
 
-    if not _native.available() or os.environ.get("DPFL_SECAGG_KERNEL", "1") == "0":  # 0: compare paths
+    _level = _native.cpu_level()
+    _choice = os.environ.get("DPFL_SECAGG_KERNEL", "")  # "0": OpenSSL + NumPy path, "aesni": level ≤ 1
+    _level = 0 if _choice == "0" else min(_level, 1) if _choice == "aesni" else _level
+    if not _level:
         _native = None
 except ImportError:  # not compiled on this platform
-    _native = None
+    _native, _level = None, 0
 
 
-def kernel_in_use() -> bool:
-    """Whether masks are computed by the C kernel (else by OpenSSL through `cryptography` + NumPy)."""
-    return _native is not None
+def kernel_in_use() -> str | None:
+    """The C kernel computing the masks ("vaes" or "aes-ni"), or None (OpenSSL via `cryptography` + NumPy)."""
+    return {2: "vaes", 1: "aes-ni"}.get(_level) if _native is not None else None
 
 
 SEED_BYTES = 32
@@ -129,7 +132,7 @@ def _native_runner(y, plan, keep, take):
         for s in iter(take, None):
             c0 = s * SEGMENT_BYTES
             _native.mask_segment(y, y.strides[0], item, s, c0, min(SEGMENT_BYTES, total - c0), SEGMENT_BYTES,
-                                 seeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep_word)
+                                 seeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep_word, _level)
 
     return run
 

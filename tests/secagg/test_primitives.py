@@ -38,12 +38,15 @@ def test_expand_is_aes_in_counter_mode(dtype):
     assert np.array_equal(prg.mask_rows(y, [[(SEED, 1)]], use_native=False)[0], ref)  # the pure-Python path
 
 
-needs_kernel = pytest.mark.skipif(prg._native is None, reason="C mask kernel not built or CPU lacks AVX-512/VAES")
+needs_kernel = pytest.mark.skipif(prg._native is None, reason="C mask kernel not built or CPU lacks AES-NI")
+LEVELS = range(1, prg._native.cpu_level() + 1) if prg._native is not None else []  # 1 AES-NI, 2 VAES
 
 
 @needs_kernel
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("dtype,bits", [(np.uint32, 22), (np.uint32, None), (np.uint64, 40)])
-def test_c_kernel_gives_the_python_paths_words(dtype, bits):
+def test_c_kernel_gives_the_python_paths_words(dtype, bits, level, monkeypatch):
+    monkeypatch.setattr(prg, "_level", level)
     rng = np.random.default_rng(5)
     item = np.dtype(dtype).itemsize
     for d in (1, 3, 17, 1025, prg.SEGMENT_BYTES // item * 2 + 5):  # ragged blocks, several segments
@@ -70,7 +73,7 @@ def test_c_kernel_rejects_plans_outside_the_matrix():
 
     def call(row, c0=0, nbytes=256, sign=sign):
         prg._native.mask_segment(y, 256, 4, 0, c0, nbytes, prg.SEGMENT_BYTES, SEED, ptr,
-                                 np.array([row], np.int64), sign, np.zeros(2, np.int64), none, 0)
+                                 np.array([row], np.int64), sign, np.zeros(2, np.int64), none, 0, 1)
 
     call(1)
     with pytest.raises(ValueError, match="out of range"):
@@ -83,6 +86,9 @@ def test_c_kernel_rejects_plans_outside_the_matrix():
         call(1, nbytes=512)  # past the end of the buffer
     with pytest.raises(ValueError, match="out of range"):
         call(1, sign=np.zeros(1, np.int8))  # a sign other than ±1
+    with pytest.raises(RuntimeError, match="level 3 not available"):
+        prg._native.mask_segment(y, 256, 4, 0, 0, 256, prg.SEGMENT_BYTES, SEED, ptr, np.array([0], np.int64),
+                                 sign, np.zeros(2, np.int64), none, 0, 3)
 
 
 def test_apply_masks_adds_and_subtracts_mod_word():
@@ -240,8 +246,11 @@ def test_security_bits_complete_graph():
     assert graph.security_bits(100, 99, 50, 60, 0) < 1  # a corrupt majority of shareholders breaks it
 
 
-def test_environment_switches_the_c_kernel_off():
+@pytest.mark.parametrize("choice,expect", [("0", "None"), ("aesni", "aes-ni")])
+def test_environment_chooses_the_mask_path(choice, expect):
+    if expect != "None" and prg._native is None:
+        pytest.skip("C mask kernel not built or CPU lacks AES-NI")
     code = "from dpfl.secagg import prg; print(prg.kernel_in_use())"
-    env = {**os.environ, "DPFL_SECAGG_KERNEL": "0"}
+    env = {**os.environ, "DPFL_SECAGG_KERNEL": choice}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == expect
