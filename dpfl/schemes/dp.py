@@ -96,19 +96,29 @@ def clip_rows(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray]:
     """Per-row L2 clip û = u / max(1, ‖u‖/S), computed in float64 and guaranteed ‖û‖ ≤ S after
     the cast back. A row with NaN or ±inf (diverged local training) becomes 0, so every input
     lands in the S-ball. Returns (û, bool [k] rows that were scaled or zeroed)."""
+    out, over, bad = _clip(u, bound)
+    return out, over | bad
+
+
+def _clip(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """`clip_rows`, also returning the scaled rows and the zeroed (non-finite) rows apart."""
     x = u.detach()
-    bad = ~finite_rows(x)
+    norms = _row_norms(x)
+    if x.dtype.itemsize <= 4:  # a float64 sum of squares of ≤ 32-bit floats cannot overflow: a norm is
+        bad = ~torch.isfinite(norms)  # NaN or infinite exactly when its row holds a NaN or an infinity
+    else:
+        bad = ~finite_rows(x)
     if bool(bad.any()):
         x = x.clone()
         x[bad] = 0
-    norms = _row_norms(x)
+        norms = torch.where(bad, torch.zeros_like(norms), norms)
     over = norms > bound
     factor = torch.where(over, bound / norms.clamp_min(1e-300), torch.ones_like(norms))
     out = x * factor.to(x.dtype)[:, None]
     for _ in range(8):  # float rounding can leave a norm a few ulps above S
         high = _row_norms(out) > bound
         if not bool(high.any()):
-            return out, (over | bad).cpu().numpy()
+            return out, over.cpu().numpy(), bad.cpu().numpy()
         out[high] *= 1 - 1e-6
     raise RuntimeError("clipping did not converge")  # unreachable for finite inputs
 
@@ -149,9 +159,10 @@ class Clip(Step):
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         if not u.is_floating_point():
             raise ConfigError(f"clipping needs real-valued updates, got {u.dtype}")
-        out, over = clip_rows(u, self.bound)
+        out, over, bad = _clip(u, self.bound)
+        over |= bad
         ctx.metrics["dp_clip_fraction"] = float(over.mean()) if over.size else 0.0
-        nonfinite = int((~finite_rows(u.detach())).sum())
+        nonfinite = int(bad.sum())
         if nonfinite:
             ctx.metrics["dp_nonfinite_rows"] = nonfinite
         ctx.metrics["dp_clip_bound"] = self.bound

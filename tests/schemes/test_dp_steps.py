@@ -59,6 +59,19 @@ def test_non_finite_rows_become_zero_and_are_counted(contexts):
     assert ctx.metrics["dp_nonfinite_rows"] == 2 and ctx.metrics["dp_clip_fraction"] == 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_non_finite_rows_are_found_at_the_extremes(dtype):
+    big = torch.finfo(dtype).max
+    u = torch.zeros(6, 1000, dtype=dtype)
+    u[0] = big  # finite, the largest value: clipped, not zeroed
+    u[1, 5], u[2, 999], u[3, 0] = float("nan"), float("inf"), -float("inf")
+    u[4, :3] = torch.tensor([big, -big, float("nan")], dtype=dtype)
+    out, flagged = clip_rows(u, 1.0)
+    assert torch.equal(out[1:5], torch.zeros(4, 1000, dtype=dtype))
+    assert torch.isfinite(out).all() and float(out[0].double().norm()) <= 1.0 and flagged[:5].all()
+    assert not flagged[5] and torch.equal(out[5], u[5])
+
+
 def test_clip_rows_holds_the_bound_on_adversarial_rounding():
     torch.manual_seed(0)
     u = torch.randn(200, 333) * torch.logspace(-3, 3, 200)[:, None]
