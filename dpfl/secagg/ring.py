@@ -162,13 +162,18 @@ def encode_fixed(
     wd = word_dtype(bits)
     mine = inplace and x.dtype.kind == "f" and x.dtype.itemsize == wd.itemsize and x.flags.c_contiguous
     out = x.view(wd) if mine and x.flags.writeable else np.empty(x.shape, dtype=wd)
+    d = x.shape[1]
+    y, q, u = (np.empty(d) for _ in range(3))  # one set of row buffers: no fresh pages per row
+    up, q_int = np.empty(d, dtype=bool), np.empty(d, dtype=np.int64)
     for i in range(x.shape[0]):  # row by row: bounded memory; row i is read before it is written
-        y = x[i].astype(np.float64)
+        y[:] = x[i]
         y *= scale  # exact (power of two)
-        q = np.floor(y)
+        np.floor(y, out=q)
         y -= q  # fractional part in [0, 1), exact
-        q += rng.random(size=y.shape) < y
-        out[i] = q.astype(np.int64)  # assignment wraps mod 2^32 / 2^64 (two's complement)
+        np.less(rng.random(out=u), y, out=up)  # the same draws as rng.random(size=d)
+        q += up
+        q_int[:] = q
+        out[i] = q_int  # assignment wraps mod 2^32 / 2^64 (two's complement)
     return reduce(out, bits)
 
 

@@ -75,6 +75,19 @@ def test_encode_int_rejects_out_of_range_and_non_integers():
     assert np.array_equal(ring.centred_lift(ring.encode_int(t, 8), 8), t.numpy())
 
 
+def test_encode_fixed_words_are_the_stochastic_rounding_of_the_scaled_rows():
+    f, c, k = 12, 3.0, 3
+    b = ring.fixed_point_bits(c, f, k)
+    x = np.random.default_rng(2).uniform(-c, c, size=(k, 777)).astype(np.float32)
+    rng = np.random.default_rng(9)
+    ref = []
+    for row in x:  # reference: q = ⌊x·2^f⌋ + [U < frac], U drawn row by row
+        y = row.astype(np.float64) * 2.0**f
+        ref.append((np.floor(y) + (rng.random(row.size) < y - np.floor(y))).astype(np.int64))
+    words = ring.encode_fixed(x, b, c, f, np.random.default_rng(9))
+    assert np.array_equal(ring.centred_lift(words, b), np.array(ref))
+
+
 def test_encode_fixed_in_place_gives_the_same_words_in_the_rows_memory():
     f, c, k = 12, 3.0, 4
     b = ring.fixed_point_bits(c, f, k)
