@@ -29,29 +29,20 @@
 #define TGT __attribute__((target("aes,sse4.1,avx2,avx512f,avx512bw,vaes")))
 #define INLINE static inline __attribute__((always_inline))
 
-TGT_AES static inline __m128i assist_1(__m128i t1, __m128i t2) {
-    __m128i t4;
-    t2 = _mm_shuffle_epi32(t2, 0xff);
-    t4 = _mm_slli_si128(t1, 4);
-    t1 = _mm_xor_si128(t1, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    t1 = _mm_xor_si128(t1, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    t1 = _mm_xor_si128(t1, t4);
-    return _mm_xor_si128(t1, t2);
+/* w0, w0^w1, w0^w1^w2, w0^w1^w2^w3: the running xor of a round key's four words. */
+TGT_AES static inline __m128i prefix_xor(__m128i t) {
+    t = _mm_xor_si128(t, _mm_slli_si128(t, 4));
+    return _mm_xor_si128(t, _mm_slli_si128(t, 8));
 }
 
+/* Even round key: previous even key, RotWord/SubWord/rcon of the odd one (from keygenassist). */
+TGT_AES static inline __m128i assist_1(__m128i t1, __m128i t2) {
+    return _mm_xor_si128(prefix_xor(t1), _mm_shuffle_epi32(t2, 0xff));
+}
+
+/* Odd round key: previous odd key, SubWord of the new even one. */
 TGT_AES static inline __m128i assist_2(__m128i t1, __m128i t3) {
-    __m128i t2, t4;
-    t4 = _mm_aeskeygenassist_si128(t1, 0x0);
-    t2 = _mm_shuffle_epi32(t4, 0xaa);
-    t4 = _mm_slli_si128(t3, 4);
-    t3 = _mm_xor_si128(t3, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    t3 = _mm_xor_si128(t3, t4);
-    t4 = _mm_slli_si128(t4, 4);
-    t3 = _mm_xor_si128(t3, t4);
-    return _mm_xor_si128(t3, t2);
+    return _mm_xor_si128(prefix_xor(t3), _mm_shuffle_epi32(_mm_aeskeygenassist_si128(t1, 0x0), 0xaa));
 }
 
 /* AES-256 key expansion (FIPS-197), 15 round keys. */

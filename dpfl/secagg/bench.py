@@ -54,8 +54,6 @@ def _plain_sum(rows: np.ndarray) -> np.ndarray:
     return acc
 
 
-
-
 def _one_client_masking(x: np.ndarray, bits: int, k: int, neighbours: int | None, seed: int) -> float:
     """Seconds one client takes to mask its input (its key agreements and k + 1 keystreams, 1 thread)."""
     cfg = make_config(k, x.size, bits, neighbours=neighbours, rng_seed=seed, round_id=1)

@@ -45,6 +45,15 @@ def int_range(x: np.ndarray) -> tuple[int, int]:
     return int(x.min()), int(x.max())
 
 
+def check_int_range(x: np.ndarray, bits: int, bound: int) -> None:
+    """Raise `ProtocolError` unless every |value| of the integer array x is ≤ bound (one pass)."""
+    lo, hi = int_range(x) if x.size else (0, 0)
+    if max(-lo, hi) > bound:
+        raise ProtocolError(
+            f"integer value of magnitude {max(-lo, hi)} outside the allowed range ±{bound} for b = {bits}"
+        )
+
+
 def word_dtype(bits: int) -> np.dtype:
     """Machine word for Z_(2^bits): uint32 for bits ≤ 32, uint64 up to 64."""
     check_bits(bits)
@@ -200,12 +209,7 @@ def encode_int(rows: torch.Tensor | np.ndarray, bits: int, bound: int | None = N
         raise ConfigError(
             f"per-client bound {bound} can overflow {bits} bits with {x.shape[0]} clients (max {limit})"
         )
-    lo, hi = int_range(x) if x.size else (0, 0)
-    worst = max(-lo, hi)
-    if worst > bound:
-        raise ProtocolError(
-            f"integer value of magnitude {worst} outside the allowed range ±{bound} for b = {bits}"
-        )
+    check_int_range(x, bits, bound)
     out = np.empty(x.shape, dtype=word_dtype(bits))
     for i in range(x.shape[0]):
         out[i] = (

@@ -7,12 +7,12 @@ from collections.abc import Collection
 
 import numpy as np
 
-from dpfl.errors import ConfigError, ProtocolError
+from dpfl.errors import ConfigError
 from dpfl.rng import CryptoRNG, Seeds
 from dpfl.secagg.graph import complete_graph, default_threshold, harary_graph
 from dpfl.secagg.prg import default_workers, mask_rows
 from dpfl.secagg.protocol import Client, MaskedInput, RoundConfig, Server
-from dpfl.secagg.ring import check_bits, client_bound, int_range, reduce, word_dtype
+from dpfl.secagg.ring import check_bits, check_int_range, client_bound, int_range, reduce, word_dtype
 
 
 def _check_rows(rows: np.ndarray, bits: int) -> np.ndarray:
@@ -23,18 +23,12 @@ def _check_rows(rows: np.ndarray, bits: int) -> np.ndarray:
     if not np.issubdtype(rows.dtype, np.integer):
         raise ConfigError(f"rows must be integers (words in Z_2^{bits} or signed values), got dtype {rows.dtype}")
     wd = word_dtype(bits)
-    lo, hi = int_range(rows)
     if rows.dtype.kind == "i":
-        bound = client_bound(bits, rows.shape[0])
-        if max(-lo, hi) > bound:
-            raise ProtocolError(
-                f"integer value of magnitude {max(-lo, hi)} outside the allowed range ±{bound} "
-                f"for b = {bits} and {rows.shape[0]} clients"
-            )
+        check_int_range(rows, bits, client_bound(bits, rows.shape[0]))
         if rows.dtype.itemsize == wd.itemsize:  # the same bits are x mod 2^(word bits); masking reduces them
             return rows.view(wd)
         return reduce(rows.astype(wd), bits)
-    if hi >> bits:
+    if int_range(rows)[1] >> bits:
         raise ConfigError(f"rows must hold values in [0, 2^{bits}); encode them with dpfl.secagg.ring first")
     return rows if rows.dtype == wd else rows.astype(wd)
 
