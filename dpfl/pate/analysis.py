@@ -140,6 +140,8 @@ def analyze(
     if mechanism == "lnmax":
         if gauss is not None and (gauss.threshold is not None or gauss.sigma1 is not None):
             raise PrivacyError("a threshold and σ1 belong to confident-gnmax, not lnmax")
+        if gauss is not None and gauss.order is not None:
+            raise PrivacyError("a release order belongs to gnmax and confident-gnmax, not lnmax")
         beta = 0.09 if beta is None else beta
         if not isinstance(moments, int) or moments < 1:
             raise PrivacyError(f"moments must be an integer >= 1, got {moments}")

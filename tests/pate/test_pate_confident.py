@@ -244,6 +244,8 @@ def test_input_errors():
         analyze(counts, labels=np.full(5, UNANSWERED), mechanism="gnmax", noise=5.0)
     with pytest.raises(DpflError, match="release order"):
         analyze(counts, mechanism="gnmax", noise=5.0, gauss=GaussianOptions(order=1.0))
+    with pytest.raises(DpflError, match="not lnmax"):
+        analyze(counts, noise=0.1, gauss=GaussianOptions(order=8.0))
 
 
 def test_cli_confident_gnmax(tmp_path):
