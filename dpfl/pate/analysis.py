@@ -245,16 +245,16 @@ def _gaussian_report(q_counts, lab, teachers, classes, mechanism, noise, delta, 
             u += (ls * answered[i : i + per]).sum(axis=1)
     except gnss.NotMonotoneError as e:
         warnings.append(f"no smooth-sensitivity release: {e}")
-        rng = None
-        u[:] = np.nan
+        rng, u = None, None
     if confident and not always:
         if opts.threshold_data_independent:
             f += float(gnmax.rdp_threshold_data_independent(opts.sigma1, one)[0, 0]) * n_q
         else:
             f += float(gnmax.rdp_threshold(log_p, opts.sigma1, one).sum())
             maxv = q_counts.max(axis=1)
-            u += gnss.threshold_ls_bounds(maxv, teachers, opts.threshold, opts.sigma1, order).sum(axis=1)
-    ss = gnss.smooth_bound(u, beta)
+            if u is not None:
+                u += gnss.threshold_ls_bounds(maxv, teachers, opts.threshold, opts.sigma1, order).sum(axis=1)
+    ss = None if u is None else gnss.smooth_bound(u, beta)
     eps_at_order = f + math.log(1.0 / delta) / (order - 1)
     released = None
     if rng is not None:

@@ -161,7 +161,7 @@ def analyze_cmd(
     )
     if report.answered is not None:
         t.add_row("queries answered (charged for noisy argmax)", f"{report.answered}")
-    if report.release_order is not None:
+    if report.release_order is not None and report.eps_data_dependent_released is not None:
         t.add_row(
             f"ε data-dependent at release order {report.release_order:g} (raw)",
             f"{report.eps_data_dependent_at_order:.4f}",

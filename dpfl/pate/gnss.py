@@ -81,6 +81,7 @@ def _one_step_cells(sigma: float, order: float, total: float, m: int) -> tuple[n
     d = float(stats.norm.logsf(max(total - 2.0, 0.0), scale=scale) - stats.norm.logsf(total, scale=scale))
     lo = math.log(m - 1) + float(stats.norm.logsf(total, scale=scale))  # every other class at gap T
     hi = math.log(1.0 - 1.0 / m)
+    lo = min(lo, hi)  # q̃ may be capped everywhere (few votes, large σ): RDP constant, cells 0
     edges = np.linspace(lo, hi, CELLS + 1)
     pts = np.concatenate([edges, np.clip(edges + d, lo, hi), np.clip(edges - d, lo, hi)])
     f = gnmax_rdp_at(pts, np.full(pts.shape, sigma), order)

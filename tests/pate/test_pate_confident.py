@@ -190,6 +190,12 @@ def test_smooth_sensitivity_is_a_smooth_upper_bound(step):
         assert np.all(ours[i] <= math.exp(beta) * ours[nb] + 1e-12)
 
 
+def test_capped_q_has_zero_sensitivity():
+    """One teacher, σ = 100: q̃ is capped at 1 − 1/m for every histogram, so RDP is constant."""
+    u = gnss.gnmax_ls_bounds(np.array([[1.0, 0.0, 0.0]]), np.array([100.0]), 2.0)
+    assert u.shape == (2, 1) and np.all(u == 0)
+
+
 def test_gnss_rdp_closed_form_and_range():
     beta, s, lam = 0.02, 4.0, 10.0
     closed = lam * math.exp(2 * beta) / s**2 + (beta * lam - 0.5 * math.log(1 - 2 * lam * beta)) / (lam - 1)
@@ -270,3 +276,13 @@ def test_cli_confident_gnmax(tmp_path):
     assert "smooth-sensitivity release" in table.stdout and "GNSS" in table.stdout
     missing = CliRunner().invoke(app, args)
     assert missing.exit_code == 2 and "error: confident-gnmax needs a threshold" in missing.output
+
+
+def test_no_release_when_the_monotonicity_check_fails(monkeypatch):
+    def refuse(*args):
+        raise gnss.NotMonotoneError("not monotone (forced)")
+
+    monkeypatch.setattr(gnss, "gnmax_ls_bounds", refuse)
+    r = analyze(_votes(queries=5), mechanism="gnmax", noise=5.0, rng=Seeds(0).crypto("r"))
+    assert r.eps_data_dependent_released is None and r.smooth_sensitivity is None
+    assert any("no smooth-sensitivity release" in w for w in r.warnings)
