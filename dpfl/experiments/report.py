@@ -1,4 +1,5 @@
-"""Best-round tables and plots of run directories."""
+"""Best-round tables and plots of run directories (`dpfl report`), and the pieces `reproduce` and
+`publish` share: run labels, byte units, tables that fit the terminal, deterministic figures."""
 
 from __future__ import annotations
 
@@ -37,54 +38,183 @@ def best_round(metrics: list[dict], key: str | None = None) -> dict | None:
     return {**best, "metric": key}
 
 
-def kb(b: float) -> str:
-    return f"{b / 1000:,.2f}"
+def human_bytes(b: float | None) -> str:
+    """1000-based units, as the thesis counts (KB = 1,000 B)."""
+    if b is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(b) < 1000 or unit == "GB":
+            return f"{b:,.0f} {unit}" if unit == "B" else f"{b:,.2f} {unit}"
+        b /= 1000
+    raise AssertionError
 
 
-def report_runs(run_dirs: list[Path], out: Path, console: Console) -> None:
-    runs = [(Path(d), *load_run(d)) for d in run_dirs]
-    t = Table(title="best round (thesis protocol: best over all rounds; costs and ε at that round)")
-    for c in ("run", "scheme", "metric", "value", "round", "up KB/client", "thesis-formula up KB", "down KB/client", "ε"):
-        t.add_column(c, justify="right" if c not in ("run", "scheme", "metric") else "left")
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(base, cfg) -> list[str]:
+    """`key=value` for every setting of `cfg` that differs from `base` (both RunConfig), in `--set` syntax."""
+    a = _flat(base.model_dump(mode="json", exclude_none=True))
+    b = _flat(cfg.model_dump(mode="json", exclude_none=True))
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k != "name" and a.get(k) != b.get(k):
+            out.append(f"{k}=" + ("(unset)" if k not in b else json.dumps(b[k], ensure_ascii=False)))
+    return out
+
+
+def _named_overrides(run_dir: Path, name: str) -> list[str] | None:
+    """What the run changed against the built-in config of its name, or None when there is no such config."""
+    from dpfl.config import load_config
+    from dpfl.experiments.reproduce import configs_root
+
+    named = configs_root() / f"{name}.toml"
+    cfg_file = run_dir / "config.toml"
+    if not (named.is_file() and cfg_file.is_file()):
+        return None
+    try:
+        return config_diff(load_config(named), load_config(cfg_file))
+    except ConfigError:
+        return None
+
+
+def run_labels(runs: list[tuple[Path, dict, list]], max_len: int = 70) -> list[str]:
+    """Distinct labels: the config name plus what was overridden vs the built-in config of that name;
+    where labels still collide, the run directory's name (with its parent when those collide too)."""
+    labels = []
     for d, s, _ in runs:
+        name = str(s.get("name", Path(d).name))
+        over = _named_overrides(Path(d), name)
+        label = f"{name} ({', '.join(over)})" if over else name
+        labels.append(label if len(label) <= max_len else name)
+    for attempt in (lambda d: Path(d).name, lambda d: f"{Path(d).parent.name}/{Path(d).name}", str):
+        dup = {x for x in labels if labels.count(x) > 1}
+        if not dup:
+            break
+        labels = [attempt(d) if lab in dup else lab for lab, (d, _, _) in zip(labels, runs)]
+    return labels
+
+
+def fitted_table(title: str, columns: list[tuple[str, int]], rows: list[list[str]], console: Console,
+                 wide: bool = False) -> tuple[Table, list[str]]:
+    """A rich Table of `columns` = (header, drop order: 0 never, higher numbers go first) that fits the
+    terminal: columns are dropped until it does. Returns the table and the dropped headers. Output that
+    is not a terminal (a file, a pipe) and `wide` keep every column."""
+    keep = list(range(len(columns)))
+    dropped = []
+    if not wide and console.is_terminal:
+        def width(idx):
+            return 1 + sum(3 + max([len(w) for w in columns[i][0].split()] + [len(r[i]) for r in rows]) for i in idx)
+
+        for i in sorted((i for i in keep if columns[i][1] > 0), key=lambda i: (-columns[i][1], -i)):
+            if width(keep) <= console.width:
+                break
+            keep.remove(i)
+            dropped.append(columns[i][0])
+    t = Table(title=title)
+    for i in keep:
+        t.add_column(columns[i][0], justify="left" if i == 0 or columns[i][0] in ("run", "row", "scheme", "metric")
+                     else "right")
+    for r in rows:
+        t.add_row(*(r[i] for i in keep))
+    return t, dropped
+
+
+def report_runs(run_dirs: list[Path], out: Path, console: Console, wide: bool = False) -> list[Path]:
+    runs = [(Path(d), *load_run(d)) for d in run_dirs]
+    labels = run_labels(runs)
+    cols = [("run", 0), ("scheme", 3), ("metric", 0), ("value", 0), ("round", 0), ("up / client", 0),
+            ("thesis-formula up", 5), ("down / client", 4), ("ε", 0)]
+    rows = []
+    for label, (d, s, metrics) in zip(labels, runs):
         b = s.get("best") or {}
         key = b.get("metric", "accuracy")
         eps = b.get("epsilon")
-        t.add_row(s.get("name", d.name), str(s.get("scheme", "")), key,
-                  f"{b.get(key, float('nan')):.4f}" if b else "-", str(b.get("round", "-")),
-                  kb(b.get("cum_up_bytes_per_client", 0)), kb(b.get("formula_up_bytes_per_client", 0)),
-                  kb(b.get("cum_down_bytes_per_client", 0)), "-" if eps is None else f"{eps:.3f}")
+        last = metrics[-1]["round"] if metrics else 0
+        rows.append([label, str(s.get("scheme", "")), key, f"{b[key]:.4f}" if b else "-",
+                     f"{b['round']} of {last}" if b else "-", human_bytes(b.get("cum_up_bytes_per_client")),
+                     human_bytes(b.get("formula_up_bytes_per_client")), human_bytes(b.get("cum_down_bytes_per_client")),
+                     "-" if eps is None else f"{eps:.3f}"])
+    t, dropped = fitted_table("best round of each run", cols, rows, console, wide)
     console.print(t)
-    write_plots(runs, Path(out), console)
+    console.print("thesis protocol: best over all rounds; costs (cumulative per client of the population) and ε "
+                  "at that round" + (f"; not shown for width: {', '.join(dropped)} (--wide)" if dropped else ""), highlight=False)
+    return write_plots(runs, Path(out), console, labels)
 
 
-def write_plots(runs, out: Path, console: Console) -> list[Path]:
+# ---- figures -------------------------------------------------------------------------------------
+
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Fixed dpi and no software/time metadata: the same data gives the same PNG bytes."""
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+
+
+def _bytes_axis(ax) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v).replace(".00 ", " ")))
+
+
+def plot_curves(ax, curves: list[tuple[str, list[dict]]], xkey: str, annotate: bool = True) -> None:
+    """One line per (label, metrics), y = the run's metric; the best round marked with a star."""
+    from matplotlib.ticker import MaxNLocator
+
+    for i, (label, metrics) in enumerate(curves):
+        ev = [m for m in metrics if "accuracy" in m and m.get(xkey) is not None]
+        if not ev:
+            continue
+        b = best_round(ev)
+        key = b["metric"]
+        color = f"C{i % 10}"
+        ax.plot([m[xkey] for m in ev], [m[key] for m in ev], color=color, lw=1.2, label=label)
+        ax.plot([b[xkey]], [b[key]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
+        if annotate:
+            ax.annotate(f"{b[key]:.4f} @ round {b['round']}", (b[xkey], b[key]), textcoords="offset points",
+                        xytext=(4, 6), fontsize=7, color=color)
+    if xkey == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    elif xkey.endswith("bytes_per_client"):
+        _bytes_axis(ax)
+    ax.grid(alpha=0.3)
+
+
+def write_plots(runs, out: Path, console: Console, labels: list[str] | None = None) -> list[Path]:
+    """accuracy vs round, vs cumulative upstream bytes per client, and (when any run is private) vs ε."""
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
+    labels = labels or run_labels(runs)
+    curves = [(lab, metrics) for lab, (_, _, metrics) in zip(labels, runs)]
+    figs = [("round", "round", "accuracy_vs_round.png"),
+            ("cum_up_bytes_per_client", "cumulative upstream per client", "accuracy_vs_upstream.png")]
+    if any(m.get("epsilon") is not None for _, metrics in curves for m in metrics):
+        figs.append(("epsilon", "ε spent so far (δ as configured)", "accuracy_vs_epsilon.png"))
     paths = []
-    for xkey, xlabel, fname in (("round", "round", "accuracy_vs_round.png"),
-                                ("cum_up_bytes_per_client", "cumulative upstream bytes per client",
-                                 "accuracy_vs_upstream.png")):
+    for xkey, xlabel, fname in figs:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for d, s, metrics in runs:
-            ev = [m for m in metrics if "accuracy" in m]
-            if not ev:
-                continue
-            ykey = "balanced_accuracy" if "balanced_accuracy" in ev[0] else "accuracy"
-            ax.plot([m[xkey] for m in ev], [m[ykey] for m in ev], label=s.get("name", d.name))
+        plot_curves(ax, curves, xkey)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("accuracy")
-        if xkey != "round":
-            ax.set_xscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.set_ylabel("accuracy (★ best round)")
+        ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         p = out / fname
-        fig.savefig(p, dpi=120)
+        save_figure(fig, p)
         plt.close(fig)
         paths.append(p)
         console.print(f"wrote {p}")
