@@ -22,6 +22,12 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     summary = json.loads(sfile.read_text()) if sfile.is_file() else {}
     if not summary.get("best"):
         summary["best"] = best_round(metrics)
+    if "name" not in summary and (run_dir / "config.toml").is_file():  # a run not finished yet
+        import tomllib
+
+        cfg = tomllib.loads((run_dir / "config.toml").read_text())
+        summary["name"] = cfg.get("name", run_dir.name)
+        summary.setdefault("scheme", cfg.get("scheme", {}).get("name", ""))
     summary.setdefault("name", run_dir.name)
     return summary, metrics
 
@@ -85,53 +91,77 @@ def _named_overrides(run_dir: Path, name: str) -> list[str] | None:
         return None
 
 
-def run_labels(runs: list[tuple[Path, dict, list]], max_len: int = 70) -> list[str]:
-    """Distinct labels: the config name plus what was overridden vs the built-in config of that name;
-    where labels still collide, the run directory's name (with its parent when those collide too)."""
+def run_labels(runs: list[tuple[Path, dict, list]], max_len: int = 70) -> tuple[list[str], dict[str, list[str]]]:
+    """Distinct labels: the config name plus what was overridden vs the built-in config of that name
+    (only what differs between runs of the same name; what they share is returned per name); where
+    labels still collide, the run directory's name (with its parent when those collide too)."""
+    names = [str(s.get("name", Path(d).name)) for d, s, _ in runs]
+    overs = [_named_overrides(Path(d), n) or [] for n, (d, _, _) in zip(names, runs)]
+    shared: dict[str, list[str]] = {}
+    for n in set(names):
+        group = [o for m, o in zip(names, overs) if m == n]
+        if len(group) > 1:
+            common = [x for x in group[0] if all(x in o for o in group[1:])]
+            if common:
+                shared[n] = common
     labels = []
-    for d, s, _ in runs:
-        name = str(s.get("name", Path(d).name))
-        over = _named_overrides(Path(d), name)
-        label = f"{name} ({', '.join(over)})" if over else name
-        labels.append(label if len(label) <= max_len else name)
+    for n, o in zip(names, overs):
+        own = [x for x in o if x not in shared.get(n, [])]
+        label = f"{n} ({', '.join(own)})" if own else n
+        labels.append(label if len(label) <= max_len else n)
     for attempt in (lambda d: Path(d).name, lambda d: f"{Path(d).parent.name}/{Path(d).name}", str):
         dup = {x for x in labels if labels.count(x) > 1}
         if not dup:
             break
         labels = [attempt(d) if lab in dup else lab for lab, (d, _, _) in zip(labels, runs)]
-    return labels
+    return labels, shared
 
 
-def fitted_table(title: str, columns: list[tuple[str, int]], rows: list[list[str]], console: Console,
-                 wide: bool = False) -> tuple[Table, list[str]]:
-    """A rich Table of `columns` = (header, drop order: 0 never, higher numbers go first) that fits the
-    terminal: columns are dropped until it does. Returns the table and the dropped headers. Output that
-    is not a terminal (a file, a pipe) and `wide` keep every column."""
+def print_fitted(console: Console, title: str, columns: list[tuple[str, int]], rows: list[list[str]],
+                 wide: bool = False) -> list[str]:
+    """Print a table of `columns` = (header, drop order: 0 never, higher numbers go first) that fits the
+    terminal: columns are dropped until it does; returns the dropped headers. With `wide`, or when the
+    output is not a terminal (a file, a pipe), every column is printed and nothing is cut."""
+    def need(i):
+        return max([len(w) for w in columns[i][0].split()] + [len(r[i]) for r in rows])
+
+    def width(idx):
+        return 1 + sum(3 + need(i) for i in idx)
+
     keep = list(range(len(columns)))
     dropped = []
-    if not wide and console.is_terminal:
-        def width(idx):
-            return 1 + sum(3 + max([len(w) for w in columns[i][0].split()] + [len(r[i]) for r in rows]) for i in idx)
-
-        for i in sorted((i for i in keep if columns[i][1] > 0), key=lambda i: (-columns[i][1], -i)):
+    fit = not wide and console.is_terminal
+    if fit:
+        empty = {i for i in keep if rows and all(r[i] in ("-", "") for r in rows)}  # these go first
+        for i in sorted((i for i in keep if columns[i][1] > 0 or i in empty),
+                        key=lambda i: (i not in empty, -columns[i][1], -i)):
             if width(keep) <= console.width:
                 break
             keep.remove(i)
             dropped.append(columns[i][0])
+    widths = {i: need(i) for i in keep}
+    if fit and width(keep) > console.width:  # still too wide: the first (label) column wraps, numbers never
+        widths[0] = max(8, widths[0] - (width(keep) - console.width))
     t = Table(title=title)
     for i in keep:
-        t.add_column(columns[i][0], justify="left" if i == 0 or columns[i][0] in ("run", "row", "scheme", "metric")
-                     else "right")
+        left = i == 0 or columns[i][0] in ("run", "row", "scheme", "metric")
+        t.add_column(columns[i][0], justify="left" if left else "right", overflow="fold",
+                     width=widths[i] if fit else None)  # fitted: headers wrap at spaces, cells never do
     for r in rows:
         t.add_row(*(r[i] for i in keep))
-    return t, dropped
+    saved = console.width
+    if not fit:  # never squeeze numbers, also when piped to a file
+        console.width = max(saved, width(keep) + 40)
+    console.print(t)
+    console.width = saved
+    return dropped
 
 
 def report_runs(run_dirs: list[Path], out: Path, console: Console, wide: bool = False) -> list[Path]:
     runs = [(Path(d), *load_run(d)) for d in run_dirs]
-    labels = run_labels(runs)
-    cols = [("run", 0), ("scheme", 3), ("metric", 0), ("value", 0), ("round", 0), ("up / client", 0),
-            ("thesis-formula up", 5), ("down / client", 4), ("ε", 0)]
+    labels, shared = run_labels(runs)
+    cols = [("run", 0), ("scheme", 3), ("metric", 6), ("value", 0), ("best round", 0), ("up / client", 0),
+            ("formula up", 5), ("down / client", 4), ("ε", 0)]
     rows = []
     for label, (d, s, metrics) in zip(labels, runs):
         b = s.get("best") or {}
@@ -142,10 +172,12 @@ def report_runs(run_dirs: list[Path], out: Path, console: Console, wide: bool = 
                      f"{b['round']} of {last}" if b else "-", human_bytes(b.get("cum_up_bytes_per_client")),
                      human_bytes(b.get("formula_up_bytes_per_client")), human_bytes(b.get("cum_down_bytes_per_client")),
                      "-" if eps is None else f"{eps:.3f}"])
-    t, dropped = fitted_table("best round of each run", cols, rows, console, wide)
-    console.print(t)
+    dropped = print_fitted(console, "best round of each run", cols, rows, wide)
     console.print("thesis protocol: best over all rounds; costs (cumulative per client of the population) and ε "
-                  "at that round" + (f"; not shown for width: {', '.join(dropped)} (--wide)" if dropped else ""), highlight=False)
+                  "at that round" + (f"; not shown for width: {', '.join(dropped)} (--wide)" if dropped else ""),
+                  highlight=False)
+    for name, common in shared.items():
+        console.print(f"all {name} runs: {', '.join(common)}", highlight=False)
     return write_plots(runs, Path(out), console, labels)
 
 
@@ -166,10 +198,16 @@ def save_figure(fig, path: Path) -> None:
 
 
 def _bytes_axis(ax) -> None:
-    from matplotlib.ticker import FuncFormatter
+    """Log x axis labelled in B / KB / MB, minor ticks too where the range is about a decade or less."""
+    from matplotlib.ticker import LogFormatter
+
+    class Bytes(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return human_bytes(x).replace(".00 ", " ")
 
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v).replace(".00 ", " ")))
+    ax.xaxis.set_major_formatter(Bytes())
+    ax.xaxis.set_minor_formatter(Bytes())
 
 
 def plot_curves(ax, curves: list[tuple[str, list[dict]]], xkey: str, annotate: bool = True) -> None:
@@ -185,9 +223,11 @@ def plot_curves(ax, curves: list[tuple[str, list[dict]]], xkey: str, annotate: b
         color = f"C{i % 10}"
         ax.plot([m[xkey] for m in ev], [m[key] for m in ev], color=color, lw=1.2, label=label)
         ax.plot([b[xkey]], [b[key]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
-        if annotate:
+        if annotate:  # text on the side of the star away from the plot's right edge
+            right = ev.index(next(m for m in ev if m["round"] == b["round"])) >= len(ev) / 2
             ax.annotate(f"{b[key]:.4f} @ round {b['round']}", (b[xkey], b[key]), textcoords="offset points",
-                        xytext=(4, 6), fontsize=7, color=color)
+                        xytext=(-8, 6) if right else (8, 6), ha="right" if right else "left", fontsize=7,
+                        color=color)
     if xkey == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     elif xkey.endswith("bytes_per_client"):
@@ -199,7 +239,7 @@ def write_plots(runs, out: Path, console: Console, labels: list[str] | None = No
     """accuracy vs round, vs cumulative upstream bytes per client, and (when any run is private) vs ε."""
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
-    labels = labels or run_labels(runs)
+    labels = labels or run_labels(runs)[0]
     curves = [(lab, metrics) for lab, (_, _, metrics) in zip(labels, runs)]
     figs = [("round", "round", "accuracy_vs_round.png"),
             ("cum_up_bytes_per_client", "cumulative upstream per client", "accuracy_vs_upstream.png")]

@@ -48,9 +48,6 @@ def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
 def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, overrides: list[str],
                     accountant: str | None, console: Console, execute: Callable,
                     report_only: bool = False, wide: bool = False) -> list[dict]:
-    from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
-
     thesis, all_rows = table_rows(table)
     chosen = rows or list(all_rows)
     unknown = [r for r in chosen if r not in all_rows]
@@ -59,6 +56,9 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     base = out / (table + (f"-{accountant}" if accountant else ""))
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
+    from dpfl.config import load_config
+    from dpfl.engine.simulator import Simulation
+
     sets = list(overrides)
     if rounds is not None:
         sets.append(f"federation.rounds={rounds}")
@@ -179,21 +179,25 @@ def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
 def print_comparison(table: str, thesis: dict, results: list[dict], console: Console,
                      wide: bool = False) -> list[dict]:
     """Print `compare_rows` as a table that fits the terminal (all columns with `wide` or into a file)."""
-    from dpfl.experiments.report import fitted_table
+    from dpfl.experiments.report import human_bytes, print_fitted
 
     unit = thesis.get("_table", {}).get("unit", "KB")
     rows = compare_rows(thesis, results)
     extra = [(k, tk, label) for k, tk, label in EXTRA
              if any(r.get(k) is not None or r.get(f"thesis_{tk}") is not None for r in rows)]
     # (header, drop order when narrow: 0 = always kept)
+    u = "/ client" if unit == "B" else unit
     cols = [("row", 0), ("rounds run", 0), ("metric", 9), ("measured", 0), ("thesis", 0), ("Δ", 0), ("round", 0),
-            ("thesis round", 6), (f"up {unit}", 0), (f"formula up {unit}", 10), (f"thesis up {unit}", 5),
-            (f"down {unit}", 8), (f"thesis down {unit}", 8), ("ε", 0), ("thesis ε", 7)]
+            ("thesis round", 6), (f"up {u}", 0), (f"formula up {u}", 10), (f"thesis up {u}", 5),
+            (f"down {u}", 8), (f"thesis down {u}", 8), ("ε", 0), ("thesis ε", 7)]
     for _, _, label in extra:
         cols += [(label, 0), (f"thesis {label}", 4)]
 
     def f(v, p=4):
         return "-" if v is None else (f"{v:,.{p}f}" if isinstance(v, float) else str(v))
+
+    def cost(v):  # a table without a cost unit of its own (unit B): KB / MB
+        return human_bytes(v) if unit == "B" and v is not None else f(v, 2)
 
     cells = []
     for row in rows:
@@ -205,13 +209,13 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
             "cut short" if not row["complete"] else "-")
         c = [row["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), row["metric"],
              f(row["measured"]), f(row["thesis"]), delta, f(row["round"]), f(row["thesis_round"]),
-             f(row["up"], 2), f(row["formula_up"], 2), f(row["thesis_up"], 2), f(row["down"], 2),
-             f(row["thesis_down"], 2), f(row["epsilon"], 3), f(row["thesis_epsilon"], 2)]
+             cost(row["up"]), cost(row["formula_up"]), cost(row["thesis_up"]), cost(row["down"]),
+             cost(row["thesis_down"]), f(row["epsilon"], 3), f(row["thesis_epsilon"], 2)]
         for k, tk, _ in extra:
             c += [f(row[k]), f(row[f"thesis_{tk}"])]
         cells.append(c)
-    t, dropped = fitted_table(f"{table}: measured vs thesis", cols, cells, console, wide)
-    console.print(t)
-    console.print(f"costs: cumulative {unit} per client of the population, at the best round"
+    dropped = print_fitted(console, f"{table}: measured vs thesis", cols, cells, wide)
+    console.print(f"costs: cumulative {'bytes' if unit == 'B' else unit} per client of the population, "
+                  "at the best round"
                   + (f"; not shown for width: {', '.join(dropped)} (--wide)" if dropped else ""), highlight=False)
     return rows
