@@ -136,3 +136,21 @@ def test_missing_or_stale_markers_are_errors(tmp_path):
     (tmp_path / "docs" / "RESULTS.md").write_text(f"{pub.BEGIN.format('table-9.9')}\n{pub.END}\n")
     with pytest.raises(ConfigError, match="table-9.9 have no records"):
         pub.generated(tmp_path)
+
+
+def test_cli_check_exits_1_on_a_stale_block_and_2_with_one_line_on_a_missing_marker(tmp_path):
+    from typer.testing import CliRunner
+
+    from dpfl.cli.main import app
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "records").symlink_to(ROOT / "records")
+    shutil.copy(ROOT / "docs" / "RESULTS.md", tmp_path / "docs" / "RESULTS.md")
+    readme = (ROOT / "README.md").read_text()
+    (tmp_path / "README.md").write_text(readme.replace("| 0.8505 at round 200,", "| 0.8605 at round 200,"))
+    res = CliRunner().invoke(app, ["publish", "--check", "--root", str(tmp_path)])
+    assert res.exit_code == 1 and "generated blocks differ from records/" in " ".join(res.output.split())
+    (tmp_path / "README.md").write_text("no markers\n")
+    res = CliRunner().invoke(app, ["publish", "--root", str(tmp_path), "--no-figures"])
+    assert res.exit_code == 2 and res.output.startswith("error:") and "Traceback" not in res.output
+    assert (tmp_path / "README.md").read_text() == "no markers\n"  # nothing written on error
