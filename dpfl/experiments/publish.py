@@ -97,7 +97,7 @@ def table_entries(records: Path, table: str, variants: list[str | None]) -> tupl
     order = [r for r in thesis if r in all_rows] + [r for r in all_rows if r not in thesis]
     entries = []
     for acct in variants:
-        results, _ = collect_runs(Path(records) / _dir_name(table, acct), order)
+        results, _ = collect_runs(table, Path(records) / _dir_name(table, acct), order)
         for res, cmp in zip(results, compare_rows(thesis, results)):
             cfg = load_config(Path(res["dir"]) / "config.toml")
             m = re.search(r"σ=([0-9.]+)", res["summary"].get("describe", ""))
@@ -146,7 +146,7 @@ def _thesis_acc(e: dict, rounds: bool = True) -> str:
 
 
 def _rounds(e: dict) -> str:
-    ran, planned = e["rounds_run"], e.get("rounds_planned")
+    ran, planned = e["rounds_run"], e.get("rounds_full")
     text = f"{ran}/{planned}" if planned else str(ran)
     if not e["complete"]:
         text += ", cut short" + (f" ({e['stopped']})" if e["stopped"] else "")

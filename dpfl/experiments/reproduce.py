@@ -74,7 +74,8 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
                 s = json.loads(summary_file.read_text())
                 if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
                     console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
-                    results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds},
+                    results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
+                                                            "rounds_full": full_rounds(table, row)},
                                     "dir": str(run_dir)})
                     continue
             if (run_dir / "checkpoint.pt").is_file():
@@ -88,8 +89,8 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
             continue
         console.print(f"{row}: {sim.scheme.describe()}")
         s = execute(sim, row)
-        results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds},
-                        "dir": str(run_dir)})
+        results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
+                                                "rounds_full": full_rounds(table, row)}, "dir": str(run_dir)})
     compare = print_comparison(table, thesis, results, console, wide)
     base.mkdir(parents=True, exist_ok=True)
     (base / "results.json").write_text(json.dumps(compare, indent=2))
@@ -101,8 +102,16 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     return compare
 
 
-def collect_runs(base: Path, chosen: list[str]) -> tuple[list[dict], list[str]]:
-    """The run directories of `chosen` rows under `base` (finished or partial), and the rows never run."""
+def full_rounds(table: str, row: str) -> int:
+    """The row's full length: the rounds of its config in the table (a run may have been shortened)."""
+    from dpfl.config import load_config
+
+    return load_config(table_rows(table)[1][row]).federation.rounds
+
+
+def collect_runs(table: str, base: Path, chosen: list[str]) -> tuple[list[dict], list[str]]:
+    """The run directories of `chosen` rows of `table` under `base` (finished or partial), and the rows
+    never run."""
     from dpfl.config import load_config
     from dpfl.experiments.report import load_run
 
@@ -115,6 +124,7 @@ def collect_runs(base: Path, chosen: list[str]) -> tuple[list[dict], list[str]]:
         summary, metrics = load_run(run_dir)
         summary.setdefault("rounds_run", len(metrics))
         summary["rounds_planned"] = load_config(run_dir / "config.toml").federation.rounds
+        summary["rounds_full"] = full_rounds(table, row)
         results.append({"row": row, "summary": summary, "dir": str(run_dir), "metrics": metrics})
     return results, missing
 
@@ -122,7 +132,7 @@ def collect_runs(base: Path, chosen: list[str]) -> tuple[list[dict], list[str]]:
 def report_table(table: str, thesis: dict, chosen: list[str], base: Path, console: Console,
                  wide: bool = False) -> list[dict]:
     """Measured vs thesis from existing run directories under `base`; rows never run are listed as such."""
-    results, missing = collect_runs(base, chosen)
+    results, missing = collect_runs(table, base, chosen)
     if not results:
         raise ConfigError(f"no run of {table} under {base}; run it with `dpfl reproduce {table}`")
     compare = print_comparison(table, thesis, results, console, wide)
@@ -137,8 +147,9 @@ EXTRA = (("source_accuracy", "source_accuracy", "source acc"), ("attack_success"
 
 
 def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
-    """Measured vs thesis, one dict per row (costs in the table's unit). `delta` is given only for a row run to
-    its full length and compared on the thesis's own dataset; `complete` says whether it ran to its end."""
+    """Measured vs thesis, one dict per row (costs in the table's unit). `complete`: run to the row's full
+    length (`rounds_full`, the table's config; a run shortened by --rounds is not) and not stopped early;
+    `delta` only for a complete row compared on the thesis's own dataset."""
     scale = UNITS[thesis.get("_table", {}).get("unit", "KB")]
     out = []
     for r in results:
@@ -157,7 +168,8 @@ def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
             return None if v is None else v / scale
 
         ran, planned = s.get("rounds_run"), s.get("rounds_planned")
-        complete = (planned is None or ran == planned) and not s.get("stopped")
+        full = s.get("rounds_full", planned)
+        complete = (full is None or ran == full) and not s.get("stopped")
         comparable = th.get("dataset", "fashion-mnist") == "fashion-mnist"
         row = {"row": r["row"], "metric": key, "measured": meas, "thesis": ref,
                "delta": meas - ref if complete and comparable and None not in (meas, ref) else None,
@@ -170,6 +182,8 @@ def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
                "rounds_run": ran}
         if planned is not None:
             row["rounds_planned"] = planned
+        if full is not None:
+            row["rounds_full"] = full
         for k, tk, _ in EXTRA:
             row[k], row[f"thesis_{tk}"] = b.get(k), th.get(tk)
         out.append(row)
@@ -204,7 +218,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
         if "skipped" in row:
             cells.append([row["row"], "-", "skipped", *["-"] * (len(cols) - 3)])
             continue
-        ran, planned = row["rounds_run"], row.get("rounds_planned")
+        ran, planned = row["rounds_run"], row.get("rounds_full")
         delta = f"{row['delta']:+.3f}" if row["delta"] is not None else (
             "cut short" if not row["complete"] else "-")
         c = [row["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), row["metric"],

@@ -108,14 +108,18 @@ def tiny_records(tmp_path_factory):
 
 
 def test_a_row_cut_short_is_labelled_and_gets_no_delta(tiny_records):
+    """Full length is the table row's (200 rounds): a run stopped early, or one run shorter, is cut short."""
     block = pub.table_block(tiny_records, "table-4.2", [None], "../records", None)
     cut = next(ln for ln in block.splitlines() if ln.startswith("| [fl-cs_r0.1]"))
-    done = next(ln for ln in block.splitlines() if ln.startswith("| [fl-rnd_r0.1]"))
-    assert "| 2/4, cut short |" in cut and "| — (cut short) |" in cut
-    assert "| 3/3 |" in done and re.search(r"\| [+-]0\.\d{3} \|", done)
+    short = next(ln for ln in block.splitlines() if ln.startswith("| [fl-rnd_r0.1]"))
+    assert "| 2/200, cut short |" in cut and "| — (cut short) |" in cut
+    assert "| 3/200, cut short |" in short and "| — (cut short) |" in short
     assert "No record yet: `fl-rnd_r0.05`" in block
+    real = pub.table_block(ROOT / "records", "table-4.4", [None], "../records", None)
+    full = next(ln for ln in real.splitlines() if ln.startswith("| [fl-top_r0.1]"))
+    assert "| 200/200 |" in full and re.search(r"\| [+-]0\.\d{3} \|", full)
     head = pub.headline_block(tiny_records)
-    assert "(2/4, cut short)" in next(ln for ln in head.splitlines() if ln.startswith("| FL-CS r = 0.1,"))
+    assert "(2/200, cut short)" in next(ln for ln in head.splitlines() if ln.startswith("| FL-CS r = 0.1,"))
     assert next(ln for ln in head.splitlines() if ln.startswith("| FL-SIGN, setting A")).count("no record yet") == 1
 
 
