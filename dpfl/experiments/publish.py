@@ -169,6 +169,19 @@ def _sampling(e: dict) -> str:
     return f"fixed {k:,} of {n:,} a round; ε assumes Poisson q = {q:.5g}"
 
 
+def _timing(e: dict) -> str:
+    """Median wall time of a round (it shared its cores at times: an upper bound) and the machine."""
+    import statistics
+
+    secs = [m["round_seconds"] for m in e["metrics"] if "round_seconds" in m]
+    text = f"{statistics.median(secs):.1f} s" if secs else "—"
+    machine = e["summary"].get("machine")
+    if machine:
+        t = machine.get("threads")
+        text += f", {machine.get('cpu', '?')}" + (f", {t} thread{'s' if t != 1 else ''}" if t else "")
+    return text
+
+
 def _with_thesis(mine: str | None, theirs: str | None) -> str:
     if mine is None:
         return "—" if theirs is None else f"— (thesis {theirs})"
@@ -184,7 +197,7 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
     head = ["row", "rounds", "best accuracy (round)", "thesis (round)", "Δ", "upstream / client", "downstream / client"]
     if dp:
         head += ["accountant, σ", "ε at that round", "sampling"]
-    head += [EXTRA_LABELS[k][0] for k in extras]
+    head += [EXTRA_LABELS[k][0] for k in extras] + ["median round, machine"]
     intro = (f"{meta.get('description', table)}. Costs: cumulative per client of the population at the best "
              "round; Δ only for rows run to their full length on the thesis's dataset.")
     lines = [intro, "",
@@ -208,6 +221,7 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
             tv = e.get(f"thesis_{EXTRA_LABELS[k][1]}")
             cells.append(_with_thesis(None if e.get(k) is None else f"{e[k]:.3f}" if k != "step_up_bits_per_value"
                                       else f"{e[k]:.2f}", None if tv is None else f"{tv:g}"))
+        cells.append(_timing(e))
         lines.append("| " + " | ".join(cells) + " |")
     if missing:
         lines += ["", "No record yet: " + ", ".join(f"`{r}`" for r in missing) + "."]
