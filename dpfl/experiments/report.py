@@ -98,7 +98,7 @@ def run_labels(runs: list[tuple[Path, dict, list]], max_len: int = 70) -> tuple[
     names = [str(s.get("name", Path(d).name)) for d, s, _ in runs]
     overs = [_named_overrides(Path(d), n) or [] for n, (d, _, _) in zip(names, runs)]
     shared: dict[str, list[str]] = {}
-    for n in set(names):
+    for n in dict.fromkeys(names):  # first-seen order
         group = [o for m, o in zip(names, overs) if m == n]
         if len(group) > 1:
             common = [x for x in group[0] if all(x in o for o in group[1:])]
