@@ -144,12 +144,13 @@ def _print_summary(summary: dict, out: Path | None) -> None:
 def report(
     run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
     out: Path = typer.Option(None, "--out", "-o", help="Where to write the PNG plots (default: first run dir)."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, however wide the terminal."),
 ) -> None:
-    """Best-round table of runs, and plots (accuracy vs round, vs cumulative upstream bytes)."""
+    """Best-round table of runs, and plots (accuracy vs round, vs cumulative upstream bytes, vs ε)."""
     from dpfl.experiments.report import report_runs
 
     try:
-        report_runs(run_dirs, out or run_dirs[0], console)
+        report_runs(run_dirs, out or run_dirs[0], console, wide=wide)
     except DpflError as e:
         _fail(e)
 
@@ -164,6 +165,7 @@ def reproduce(
     accountant: str = typer.Option(None, "--accountant", help="Re-calibrate DP rows' σ under this accountant."),
     report_only: bool = typer.Option(False, "--report-only",
                                      help="Run nothing: compare the runs already under --out (e.g. records)."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, however wide the terminal."),
 ) -> None:
     """Run a thesis table's rows (resuming finished/partial rows) and print measured vs thesis."""
     from dpfl.experiments.reproduce import list_tables, reproduce_table
@@ -174,9 +176,26 @@ def reproduce(
                 console.print(f"{name:14s} {desc}")
             return
         reproduce_table(table, rows=rows, rounds=rounds, out=out, overrides=set_, accountant=accountant,
-                        console=console, execute=execute, report_only=report_only)
+                        console=console, execute=execute, report_only=report_only, wide=wide)
     except DpflError as e:
         _fail(e)
+
+
+@app.command()
+def publish(
+    root: Path = typer.Option(Path("."), "--root", help="Repository root holding records/, README.md, docs/."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 where a block differs from records/."),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Also write docs/figures/TABLE.png."),
+) -> None:
+    """README headline table, docs/RESULTS.md tables and figures, generated from records/ only."""
+    from dpfl.experiments.publish import publish as publish_docs
+
+    try:
+        stale = publish_docs(root, console, check=check, figures=figures)
+    except DpflError as e:
+        _fail(e)
+    if check and stale:
+        raise typer.Exit(1)
 
 
 @app.command()

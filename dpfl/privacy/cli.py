@@ -43,12 +43,15 @@ def _emit(kind: str, value_key: str, values: dict[str, float], params: dict, as_
             out = {"accountant": "all", **values, **params}
         print(json.dumps(out))
         return
-    table = Table(title=f"{kind}  " + "  ".join(f"{k}={v:g}" for k, v in params.items()))
+    console = Console()
+    # the parameters on a line of their own: as the table's title they wrapped to its narrow width
+    console.print(f"{kind} for " + ", ".join(f"{k} = {v:g}" for k, v in params.items()), highlight=False)
+    table = Table()
     table.add_column("accountant")
     table.add_column(value_key, justify="right")
     for name, v in values.items():
         table.add_row(name, f"{v:.4f}")
-    Console().print(table)
+    console.print(table)
 
 
 def _run(fn):
