@@ -100,3 +100,12 @@ def test_bad_csv_content_is_one_error_line(tmp_path):
         lines = r.output.strip().splitlines()
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
         assert needle in lines[0], r.output
+
+
+def test_mounted_on_the_dpfl_command():
+    from dpfl.cli.main import app as dpfl
+
+    for args, needle in ((["classic", "--help"], "train"), (["stats", "--help"], "histogram"),
+                         (["bench", "--help"], "classic")):
+        r = runner.invoke(dpfl, args)
+        assert r.exit_code == 0 and needle in r.output, r.output
