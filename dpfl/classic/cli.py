@@ -93,6 +93,8 @@ def train_and_compare(
         if value is not None and model != owner:
             raise ConfigError(f"{flag} applies to --model {owner} only")
     eps = check_epsilon(epsilon, "--epsilon")
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed must lie in [0, 2**32), got {seed}")
     if not 0 < test_size < 1:
         raise ConfigError(f"--test-size must lie strictly between 0 and 1, got {test_size}")
     data = data or ("diabetes" if model == "linear" else "breast_cancer")
@@ -118,7 +120,7 @@ def train_and_compare(
     if model in ("logistic", "svm") and classes.size != 2:
         raise DataError(f"--model {model} is a binary classifier; {target!r} has {classes.size} classes "
                         "(use --model forest)")
-    trees, depth, c = trees or 10, 4 if depth is None else depth, 1.0 if c is None else c
+    trees, depth, c = 10 if trees is None else trees, 4 if depth is None else depth, 1.0 if c is None else c
     lo, hi = _bounds(table, features, bounds)
     y_bounds = tuple(float(v[0]) for v in _bounds(table, [target], bounds)) if model == "linear" else None
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=test_size, random_state=0 if seed is None else seed)

@@ -68,6 +68,10 @@ def test_a_csv_with_text_labels_and_a_bounds_file(tmp_path):
     (["--model", "svm", "--epsilon", "1", "--data", "/nonexistent/x.csv"], "file not found"),
     (["--model", "svm", "--epsilon", "1", "--data", "iris"], "--data must be"),
     (["--model", "svm", "--epsilon", "1", "--test-size", "1"], "--test-size"),
+    (["--model", "svm", "--epsilon", "1", "--seed", "-1"], "--seed"),
+    (["--model", "forest", "--epsilon", "1", "--trees", "0"], "n_trees must be an integer >= 1"),
+    (["--model", "forest", "--epsilon", "1", "--depth", "-1"], "max_depth must be an integer >= 0"),
+    (["--model", "svm", "--epsilon", "1", "--C", "nan"], "C must be a finite number"),
 ])
 def test_bad_input_is_one_error_line(args, needle):
     r = runner.invoke(app, ["train", *args])
