@@ -218,7 +218,8 @@ for _n, _m, _h in [("privacy", "dpfl.privacy.bench", "Time to account 10,000 rou
                    ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus."),
                    ("attacks", "dpfl.attacks.bench", "Membership-inference advantage of FL-STD, FL-SIGN and their DP versions."),
                    ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes."),
-                   ("classic", "dpfl.classic.bench", "DP classical models: utility vs ε beside scikit-learn.")]:
+                   ("classic", "dpfl.classic.bench", "DP classical models: utility vs ε beside scikit-learn."),
+                   ("stats", "dpfl.stats.bench", "DP histograms: measured error vs the closed forms, keys released.")]:
     _mount_bench(_n, _m, _h)
 
 

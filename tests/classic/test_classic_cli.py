@@ -110,6 +110,6 @@ def test_mounted_on_the_dpfl_command():
     from dpfl.cli.main import app as dpfl
 
     for args, needle in ((["classic", "--help"], "train"), (["stats", "--help"], "histogram"),
-                         (["bench", "--help"], "classic")):
+                         (["bench", "--help"], "classic"), (["bench", "--help"], "stats")):
         r = runner.invoke(dpfl, args)
         assert r.exit_code == 0 and needle in r.output, r.output

@@ -109,3 +109,18 @@ def test_bad_inputs_name_the_problem():
         dp_histogram([1.0, float("nan")], 1.0, bins=[0, 1])
     with pytest.raises(DataError, match="numeric"):
         dp_histogram(["a"], 1.0, bins=[0, 1])
+
+
+def test_bench_matches_the_closed_forms():
+    import io
+
+    from rich.console import Console
+
+    from dpfl.stats.bench import run_bench
+
+    (row,) = run_bench(epsilons=(0.5,), seeds=2, n=5000, console=Console(file=io.StringIO()))["rows"]
+    se = 2.0 / math.sqrt(2 * 1000)  # sd of |Lap(b)| is b; 2 seeds x 1000 bins
+    assert abs(row["laplace_abs_err"] - row["laplace_closed_form"]) < 5 * se
+    assert abs(row["discrete_laplace_abs_err"] - row["discrete_laplace_closed_form"]) < 5 * se
+    assert row["stable_tau"] == pytest.approx(1 + 2 * math.log(1 / 2e-6))
+    assert 0 < row["keys_released"] and 0 < row["records_covered"] <= 1
