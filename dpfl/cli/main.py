@@ -30,6 +30,8 @@ _SUBAPPS = [
     ("dpfl.attacks.cli", "app", "attacks", "Membership inference and attack tools."),
     ("dpfl.flower.cli", "app", "flower", "Deployment over Flower."),
     ("dpfl.experiments.accounting_cli", "app", "accounting", "Accounting comparison (Jayaraman & Evans)."),
+    ("dpfl.classic.cli", "app", "classic", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
+    ("dpfl.stats.cli", "app", "stats", "DP statistics of a column: mean, count, histogram."),
 ]
 for _mod, _attr, _name, _help in _SUBAPPS:
     try:
@@ -234,7 +236,9 @@ for _n, _m, _h in [("privacy", "dpfl.privacy.bench", "Time to account 10,000 rou
                    ("cs", "dpfl.compression.bench", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
                    ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus."),
                    ("attacks", "dpfl.attacks.bench", "Membership-inference advantage of FL-STD, FL-SIGN and their DP versions."),
-                   ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes.")]:
+                   ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes."),
+                   ("classic", "dpfl.classic.bench", "DP classical models: utility vs ε beside scikit-learn."),
+                   ("stats", "dpfl.stats.bench", "DP histograms: measured error vs the closed forms, keys released.")]:
     _mount_bench(_n, _m, _h)
 
 
