@@ -134,12 +134,12 @@ def load(path: str | Path) -> dict[str, Any]:
         raise DataError(f"{path}: checkpoint not found") from None
     except pickle.UnpicklingError as e:
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-        if "Weights only load failed" in str(e):
-            why = next((ln for ln in lines if "nsupported" in ln), "")
+        why = next((ln for ln in lines if "unsupported GLOBAL" in ln or "Unsupported global" in ln), "")
+        if why:  # a reference to code: what a crafted file would call
             raise DataError(f"{path}: refusing to load: not a checkpoint of plain data, loading it could run "
-                            f"code{' (' + why.rstrip('.') + ')' if why else ''}") from None
-        raise DataError(f"{path}: not a readable checkpoint (corrupt: {lines[0] if lines else 'unpickling failed'})") \
-            from None
+                            f"code ({why.rstrip('.')})") from None
+        detail = next((ln for ln in lines if "nsupported" in ln), "unpickling failed")
+        raise DataError(f"{path}: not a readable checkpoint (corrupt: {detail})") from None
     except _CORRUPT as e:  # truncated or not a torch file
         first = str(e).strip().splitlines()
         raise DataError(f"{path}: not a readable checkpoint (truncated or corrupt: {type(e).__name__}"
