@@ -396,7 +396,8 @@ class Simulation:
                 (self.out / METRICS).write_text("")
                 self._fresh = False
             d = self.data_record()
-            ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({d['source']}), "
+            source = d["source"].replace("\n", " ")
+            ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), "
                                                f"sha256 {d['sha256']}\n" + dump_config(self.cfg))
         total = self.cfg.federation.rounds
         while self.round < total:
@@ -489,22 +490,25 @@ class Simulation:
             cfg.federation.rounds = rounds
         sim = cls(cfg, out, log, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
-        if st.get("data") is not None and st["data"] != sim.data_record():
-            was, now = st["data"], sim.data_record()
+        was, now = st.get("data"), sim.data_record()
+        if was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
             raise DataError(f"{out}: the data differ from the run's: it used {was.get('dataset')} "
                             f"(sha256 {str(was.get('sha256'))[:12]}), now {now['dataset']} (sha256 "
                             f"{now['sha256'][:12]}); refusing to resume on other data")
-        if st.get("data") is None:
+        if was is None:
             log(f"note: {out / CHECKPOINT} predates data records: the data could not be checked")
+        planned = load_config(out / CONFIG).federation.rounds
         old = st.get("sigmas")
-        if old is None and cfg.federation.rounds != load_config(out / CONFIG).federation.rounds:
-            old = sim._sigmas_for_rounds(load_config(out / CONFIG).federation.rounds)
+        if old is None and cfg.federation.rounds != planned:
+            old = sim._sigmas_for_rounds(planned)
         if old is not None and old != sim.sigmas():
-            change = ", ".join(f"{a:.6g} -> {b:.6g}" for a, b in zip(old, sim.sigmas()) if a != b)
+            change = ", ".join(f"{a} -> {b}" for a, b in zip(old, sim.sigmas()) if a != b)
+            why = (f"with {cfg.federation.rounds} rounds instead of {planned}" if cfg.federation.rounds != planned
+                   else "(the calibration differs from the one the run used)")
             if not allow_recalibration:
-                raise ConfigError(f"resuming {out} with {cfg.federation.rounds} rounds would change the noise "
-                                  f"multiplier σ ({change}); pass --allow-recalibration to accept that")
-            log(f"σ re-calibrated for {cfg.federation.rounds} rounds: {change}")
+                raise ConfigError(f"resuming {out} {why} would change the noise multiplier σ ({change}); "
+                                  "pass --allow-recalibration to accept that")
+            log(f"σ re-calibrated on resume {why}: {change}")
         kept = [ln for ln, r in metrics if r <= sim.round]  # drop metric lines written after the checkpoint
         if (out / METRICS).exists():
             ckpt.write_text(out / METRICS, "".join(ln + "\n" for ln in kept))
@@ -522,7 +526,7 @@ def _read_metrics(path: Path) -> list[tuple[str, int]]:
     dropped; a bad line before it is a DataError naming the file and line."""
     if not path.exists():
         return []
-    lines = path.read_text().split("\n")
+    lines = path.read_bytes().decode("utf-8", "surrogateescape").split("\n")  # bad bytes: a bad line
     complete = lines[-1] == ""  # the file ends with a newline
     lines = lines[:-1] if complete else lines
     out = []

@@ -74,7 +74,11 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
             cfg = load_config(all_rows[row], sets)
             summary_file = run_dir / "summary.json"
             if not overwrite and summary_file.is_file():
-                s = json.loads(summary_file.read_text())
+                try:
+                    s = json.loads(summary_file.read_text())
+                except (ValueError, OSError) as e:
+                    raise DataError(f"{summary_file}: not readable JSON ({e}); --overwrite starts the row over") \
+                        from None
                 if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
                     diff = config_differences(cfg, run_dir)
                     note = f"; made with a different config ({', '.join(diff)})" if diff else ""

@@ -208,3 +208,13 @@ def test_non_finite_config_values_are_rejected(tiny_config, key, value, shown):
     with pytest.raises(ConfigError, match="invalid configuration") as e:
         tiny_config(**{key: value})
     assert shown in str(e.value) and "\n" not in str(e.value)
+
+
+def test_zero_filled_tail_of_metrics_is_dropped(tmp_path, tiny_config):
+    """A crash can leave NUL bytes (or other junk) after the last complete line."""
+    _run(tmp_path, tiny_config, **{"federation.rounds": 2})
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    good = metrics.read_bytes()
+    metrics.write_bytes(good + b"\x00" * 37 + b"\xff")
+    Simulation.resume(tmp_path / "run", **QUIET)
+    assert metrics.read_bytes() == good

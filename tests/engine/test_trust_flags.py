@@ -117,7 +117,7 @@ def test_resume_that_would_recalibrate_sigma_refuses_unless_allowed(tmp_path, ti
     assert snapshot(run) == before
     r = cli("run", "--resume", run, "--rounds", "3", "--allow-recalibration")
     assert r.exit_code == 0, r.output
-    assert "σ re-calibrated for 3 rounds" in r.output
+    assert "σ re-calibrated on resume with 3 rounds instead of 2" in r.output
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
 
 
