@@ -143,6 +143,8 @@ class Simulation:
         # a new run onto an existing one replaces its files only when asked to
         self._fresh = not _resuming
         self._overwrite = overwrite
+        if self.out and self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"output directory {self.out} is a file")
         if self.out and self._fresh and not overwrite and is_run_dir(self.out):
             raise ConfigError(f"{self.out} already holds a run; resume it, choose another output directory, "
                               "or overwrite it explicitly (dpfl run --overwrite)")
@@ -484,6 +486,8 @@ class Simulation:
         metrics = _read_metrics(out / METRICS)
         done = st.get("round")
         if rounds is not None:
+            if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+                raise ConfigError(f"the total number of rounds must be an integer >= 1, got {rounds!r}")
             if isinstance(done, int) and rounds < done:
                 raise ConfigError(f"{out} has already run {done} rounds; the total number of rounds must be "
                                   f">= {done}, got {rounds}")
