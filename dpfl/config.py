@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -11,8 +12,28 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dpfl.errors import ConfigError
 
 
+def _non_finite(v: Any, path: str = "") -> str | None:
+    """The first non-finite float inside `v` (nested dicts/lists), as `path = value`."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{path or 'value'} = {v}"
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+    for k, x in items:
+        bad = _non_finite(x, f"{path}.{k}" if path else str(k))
+        if bad:
+            return bad
+    return None
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:  # typed floats: allow_inf_nan; free-form options: here
+        bad = None if isinstance(v, BaseModel) else _non_finite(v)
+        if bad:
+            raise ValueError(f"{bad}: numbers must be finite")
+        return v
 
 
 class DataConfig(_Strict):
@@ -78,7 +99,8 @@ class PrivacyConfig(_Strict):
 class EvalConfig(_Strict):
     every: int = Field(1, ge=1)
     batch_size: int = Field(1000, ge=1)
-    metric: str | None = None  # best-round metric; default accuracy (balanced_accuracy for binary)
+    # best-round metric; default accuracy (balanced_accuracy for binary); the others exist for binary tasks only
+    metric: Literal["accuracy", "balanced_accuracy", "auroc"] | None = None
 
 
 class RunSection(_Strict):
@@ -126,7 +148,7 @@ class RunConfig(_Strict):
 
 
 def _format_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+    lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
@@ -134,10 +156,12 @@ def _format_error(err: ValidationError, source: str) -> str:
             parent = _section_for(e["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else ""
             msg = f"unknown key; allowed keys here: {allowed}"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+        lines.append(f"{loc}: {msg}")
+    return f"invalid configuration in {source}: " + "; ".join(lines)
 
 
 def _section_for(loc: tuple) -> type[BaseModel] | None:

@@ -47,7 +47,9 @@ for _mod, _attr, _name, _help in _SUBAPPS:
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[red]error:[/red] {e}")
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -88,23 +90,34 @@ def run(
     out: Path = typer.Option(None, "--out", "-o", help="Run directory (default runs/<name>-<time>)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: --set federation.rounds=20"),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its checkpoint."),
-    rounds: int = typer.Option(None, "--rounds", help="With --resume: extend/limit the total number of rounds."),
+    rounds: int = typer.Option(None, "--rounds", help="With --resume: extend the total number of rounds."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
+    allow_recalibration: bool = typer.Option(
+        False, "--allow-recalibration", help="With --resume: accept a noise multiplier σ that --rounds changes."),
 ) -> None:
     """Run a federated experiment (or resume one)."""
     from dpfl.config import load_config
     from dpfl.engine.simulator import Simulation
+    from dpfl.errors import ConfigError
 
     try:
         if resume is not None:
-            sim = Simulation.resume(resume, log=console.print, rounds=rounds)
+            _refuse_flags("with --resume (it continues the run's own config.toml)",
+                          CONFIG=config is not None, **{"--set": bool(set_), "--out": out is not None,
+                                                        "--overwrite": overwrite})
+            _check_rounds(rounds)
+            sim = Simulation.resume(resume, log=console.print, rounds=rounds,
+                                    allow_recalibration=allow_recalibration)
             console.print(f"resuming {resume} at round {sim.round}")
         else:
             if config is None:
-                _fail(ValueError("give a CONFIG file or --resume DIR"))
+                raise ConfigError("give a CONFIG file or --resume DIR")
+            _refuse_flags("without --resume (for a new run use --set federation.rounds=N)",
+                          **{"--rounds": rounds is not None, "--allow-recalibration": allow_recalibration})
             cfg = load_config(_resolve_config(config), set_)
             if out is None:
                 out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            sim = Simulation(cfg, out, log=console.print)
+            sim = Simulation(cfg, out, log=console.print, overwrite=overwrite)
         console.print(f"dataset: {sim.fed.source}")
         console.print(f"scheme:  {sim.scheme.describe()}  (n = {sim.flat.n:,} parameters, "
                       f"{sim.cfg.data.n_clients} clients, {sim.cfg.cohort_size()} per round, engine "
@@ -113,6 +126,22 @@ def run(
     except DpflError as e:
         _fail(e)
     _print_summary(summary, sim.out)
+
+
+def _refuse_flags(when: str, **given: bool) -> None:
+    """ConfigError naming the flags given (True) that do not apply `when`."""
+    from dpfl.errors import ConfigError
+
+    bad = [name for name, on in given.items() if on]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not apply {when}")
+
+
+def _check_rounds(rounds: int | None) -> None:
+    from dpfl.errors import ConfigError
+
+    if rounds is not None and rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
 
 
 def _resolve_config(config: Path) -> Path:
@@ -168,17 +197,30 @@ def reproduce(
     report_only: bool = typer.Option(False, "--report-only",
                                      help="Run nothing: compare the runs already under --out (e.g. records)."),
     wide: bool = typer.Option(False, "--wide", help="Every column, however wide the terminal."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start the chosen rows afresh, replacing their runs."),
+    allow_recalibration: bool = typer.Option(
+        False, "--allow-recalibration", help="Resume rows whose noise multiplier σ --rounds changes."),
 ) -> None:
     """Run a thesis table's rows (resuming finished/partial rows) and print measured vs thesis."""
     from dpfl.experiments.reproduce import list_tables, reproduce_table
 
     try:
         if table == "list":
+            _refuse_flags("to `dpfl reproduce list`", **{
+                "--row": bool(rows), "--rounds": rounds is not None, "--set": bool(set_),
+                "--accountant": accountant is not None, "--report-only": report_only, "--overwrite": overwrite,
+                "--allow-recalibration": allow_recalibration})
             for name, desc in list_tables().items():
                 console.print(f"{name:14s} {desc}")
             return
+        if report_only:
+            _refuse_flags("with --report-only (it runs nothing)", **{
+                "--rounds": rounds is not None, "--set": bool(set_), "--overwrite": overwrite,
+                "--allow-recalibration": allow_recalibration})
+        _check_rounds(rounds)
         reproduce_table(table, rows=rows, rounds=rounds, out=out, overrides=set_, accountant=accountant,
-                        console=console, execute=execute, report_only=report_only, wide=wide)
+                        console=console, execute=execute, report_only=report_only, wide=wide,
+                        overwrite=overwrite, allow_recalibration=allow_recalibration)
     except DpflError as e:
         _fail(e)
 

@@ -17,8 +17,9 @@ from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, DataError
 
 UNITS = {"KB": 1e3, "MB": 1e6, "Mbit": 1e6 / 8, "B": 1.0}
 
@@ -47,7 +48,8 @@ def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
 
 def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, overrides: list[str],
                     accountant: str | None, console: Console, execute: Callable,
-                    report_only: bool = False, wide: bool = False) -> list[dict]:
+                    report_only: bool = False, wide: bool = False, overwrite: bool = False,
+                    allow_recalibration: bool = False) -> list[dict]:
     thesis, all_rows = table_rows(table)
     chosen = rows or list(all_rows)
     unknown = [r for r in chosen if r not in all_rows]
@@ -57,7 +59,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
     from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.simulator import CHECKPOINT, Simulation, is_run_dir
 
     sets = list(overrides)
     if rounds is not None:
@@ -70,21 +72,35 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
         try:
             cfg = load_config(all_rows[row], sets)
             summary_file = run_dir / "summary.json"
-            if summary_file.is_file():
-                s = json.loads(summary_file.read_text())
+            if not overwrite and summary_file.is_file():
+                try:
+                    s = json.loads(summary_file.read_text())
+                except (ValueError, OSError) as e:
+                    raise DataError(f"{summary_file}: not readable JSON ({e}); --overwrite starts the row over") \
+                        from None
                 if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
-                    console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
+                    diff = config_differences(cfg, run_dir)
+                    note = f"; made with a different config ({', '.join(diff)})" if diff else ""
+                    console.print(f"[dim]{row}: done earlier ({run_dir}){escape(note)}[/dim]")
                     results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
                                                             "rounds_full": full_rounds(table, row)},
                                     "dir": str(run_dir)})
                     continue
-            if (run_dir / "checkpoint.pt").is_file():
-                sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds)
+            if not overwrite and (run_dir / CHECKPOINT).is_file():
+                diff = config_differences(cfg, run_dir)
+                if diff:
+                    raise ConfigError(f"{run_dir} was run with a different config ({', '.join(diff)}); "
+                                      "a resumed row keeps its own: use another --out, or --overwrite")
+                sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds,
+                                        allow_recalibration=allow_recalibration)
                 console.print(f"{row}: resuming at round {sim.round}")
             else:
-                sim = Simulation(cfg, run_dir, log=console.print)
-        except ConfigError as e:  # e.g. a scheme that refuses the requested accountant: skip the row
-            console.print(f"[yellow]{row}: skipped: {e}[/yellow]")
+                if not overwrite and is_run_dir(run_dir):
+                    raise ConfigError(f"{run_dir} holds a run without a checkpoint to resume from; "
+                                      "--overwrite starts it over")
+                sim = Simulation(cfg, run_dir, log=console.print, overwrite=overwrite)
+        except (ConfigError, DataError) as e:  # e.g. a scheme refusing the accountant, a refused resume
+            console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
             results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
             continue
         console.print(f"{row}: {sim.scheme.describe()}")
@@ -100,6 +116,29 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in ran], base, console,
                 [r["row"] for r in ran])
     return compare
+
+
+# settings that change how fast a row runs or how often it checkpoints, not what it computes
+_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.checkpoint_every", "run.max_cohort")
+
+
+def config_differences(cfg, run_dir: Path) -> list[str]:
+    """Keys (a.b.c) where `cfg` differs from the config.toml in `run_dir`, resource settings aside."""
+    from dpfl.config import load_config
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and not k.endswith("options"):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[prefix + k] = v
+        return out
+
+    a = flat(cfg.model_dump(mode="json"))
+    b = flat(load_config(run_dir / "config.toml").model_dump(mode="json"))
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in _RESOURCE_KEYS)
+
 
 
 def full_rounds(table: str, row: str) -> int:
