@@ -25,6 +25,7 @@ from dpfl.privacy.events import (
     LaplaceEvent,
     PureDPEvent,
     SampledGaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
     ZCDPEvent,
 )
 
@@ -143,6 +144,18 @@ def sampled_gaussian_rdp(q: float, sigma: float, orders) -> np.ndarray:
     return out
 
 
+def sampled_wor_gaussian_rdp(q: float, sigma: float, orders) -> np.ndarray:
+    """RDP of the Gaussian on a uniformly random fixed-size subset (sampling without replacement,
+    replace-one neighbours, sigma relative to the replace-one sensitivity): dp-accounting's
+    bound (Wang-Balle-Kasiviswanathan 2019, Thm 27; fractional orders interpolated, Cor. 10)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as dpa
+
+    orders = check_orders(orders)
+    if q == 1.0:
+        return orders / (2 * sigma**2)
+    return np.asarray(dpa._compute_rdp_sample_wor_gaussian(q, sigma, orders), dtype=np.float64)
+
+
 def laplace_rdp(epsilon: float, orders) -> np.ndarray:
     """Laplace mechanism with pure epsilon = sensitivity/scale (Mironov 2017, Prop. 6)."""
     a = check_orders(orders)
@@ -175,6 +188,13 @@ def leaf_rdp(event: Event, orders, neighbouring: str) -> np.ndarray:
         if isinstance(event, DiscreteGaussianEvent):  # thesis Thm 2-3, per RDP order a = lam + 1
             curve = curve + event.log_moment_correction(orders - 1) / (orders - 1)
         return curve
+    if isinstance(event, SampledWithoutReplacementGaussianEvent):
+        if not replace:
+            raise PrivacyError(
+                "sampling without replacement is accounted under replace_one neighbours only "
+                "(dp-accounting's SampledWithoutReplacementDpEvent); this ledger uses add_remove"
+            )
+        return sampled_wor_gaussian_rdp(event.q, event.noise_multiplier / 2, orders)
     if isinstance(event, LaplaceEvent):
         return laplace_rdp((2 if replace else 1) / event.scale, orders)
     if isinstance(event, PureDPEvent):
