@@ -11,6 +11,7 @@ the two-sided series of their Sec. 3.3 for fractional orders, terms taken in abs
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -148,12 +149,18 @@ def sampled_wor_gaussian_rdp(q: float, sigma: float, orders) -> np.ndarray:
     """RDP of the Gaussian on a uniformly random fixed-size subset (sampling without replacement,
     replace-one neighbours, sigma relative to the replace-one sensitivity): dp-accounting's
     bound (Wang-Balle-Kasiviswanathan 2019, Thm 27; fractional orders interpolated, Cor. 10)."""
-    from dp_accounting.rdp import rdp_privacy_accountant as dpa
-
     orders = check_orders(orders)
     if q == 1.0:
         return orders / (2 * sigma**2)
-    return np.asarray(dpa._compute_rdp_sample_wor_gaussian(q, sigma, orders), dtype=np.float64)
+    return np.array(_wor_curve(float(q), float(sigma), tuple(orders.tolist())))
+
+
+@functools.lru_cache(maxsize=16)
+def _wor_curve(q: float, sigma: float, orders: tuple) -> tuple:
+    from dp_accounting.rdp import rdp_privacy_accountant as dpa
+
+    # about 2 s on the default grid (orders up to 256 are summed exactly): computed once per (q, sigma)
+    return tuple(float(v) for v in dpa._compute_rdp_sample_wor_gaussian(q, sigma, orders))
 
 
 def laplace_rdp(epsilon: float, orders) -> np.ndarray:

@@ -178,6 +178,8 @@ def _gaussian_scheme(name: str, compress: list[Step], *, auto_clip,
         raise ConfigError(f"scheme {name!r}: tolerate = {tolerate} must be < the cohort size |K| = {cohort_size}")
     sampling = "none" if noise == "local" else sampling  # local noise: no amplification by sampling
     _check_sampling(name, sampling, privacy)
+    if sampling == "without-replacement" and n_clients is None:
+        raise ConfigError(f"scheme {name!r}: sampling without replacement needs n_clients (N)")
     wor = (n_clients, cohort_size) if sampling == "without-replacement" else None
     neighbouring = "replace_one" if wor else "add_remove"
     clip_step, prefix = _clip_step(name, clip, compress, auto_clip, clip_clients, clip_epsilon, neighbouring)
@@ -203,12 +205,12 @@ def _median_auto(compress: list[Step], clip_clients):
 
 
 @register("fl-std-dp", "FL-STD-DP (thesis Alg. 10): clip to S, Gaussian noise shares, secure sum, mean")
-def fl_std_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-              sigma: float | None = None,
+def fl_std_dp(n_params, cohort_size, sampling_rate, rounds, privacy, sigma: float | None = None,
               epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
               noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
               threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
-              clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+              clip_clients: int | None = None, clip_epsilon: float = 0.1,
+              n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     compress: list[Step] = []
     return _gaussian_scheme("fl-std-dp", compress, auto_clip=_median_auto(compress, clip_clients),
                             **_common(locals()))
@@ -216,14 +218,14 @@ def fl_std_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds,
 
 @register("fl-cs-dp", "FL-CS-DP (Alg. 11): DCT compress, clip, noise, secure sum; BPDN with momentum and "
                       "error feedback on the server")
-def fl_cs_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-             ratio: float = 0.05, chunks: int = 200,
+def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05, chunks: int = 200,
              lam: float | str = 1e-5, server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000,
              tol: float = 3e-3, sigma: float | None = None, epsilon: float | None = None,
              clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
              secure_aggregation: bool | None = None, neighbours: int | None = None, threshold: int | None = None,
              drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
-             clip_epsilon: float = 0.1, lam_scale: float = 1.0) -> Scheme:
+             clip_epsilon: float = 0.1, lam_scale: float = 1.0,
+             n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     cs = CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol, lam_scale)
     scheme = _gaussian_scheme("fl-cs-dp", [cs], auto_clip=_median_auto([cs], clip_clients), **_common(locals()))
     cs.noise_std = scheme.steps[-1].mean_noise_std  # for lam = "noise"
@@ -231,50 +233,50 @@ def fl_cs_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, 
 
 
 @register("fl-rnd-dp", "FL-RND-DP (Alg. 12): a fresh shared random m-subset, clip, noise, secure sum")
-def fl_rnd_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-              ratio: float = 0.05,
+def fl_rnd_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
               sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
               tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool | None = None,
               neighbours: int | None = None, threshold: int | None = None, drop_after_masking: float = 0.0,
-              frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+              frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1,
+              n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     compress: list[Step] = [RandomSubsetStep(ratio)]
     return _gaussian_scheme("fl-rnd-dp", compress, auto_clip=_median_auto(compress, clip_clients),
                             **_common(locals()))
 
 
 @register("fl-freq-dp", "FL-FREQ-DP (Alg. 13): first m DCT coefficients, clip, noise, secure sum, low-pass")
-def fl_freq_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-               ratio: float = 0.05,
+def fl_freq_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
                sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
                tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool | None = None,
                neighbours: int | None = None, threshold: int | None = None, drop_after_masking: float = 0.0,
-               frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+               frac_bits: int | None = None, clip_clients: int | None = None, clip_epsilon: float = 0.1,
+               n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     compress: list[Step] = [LowPassDCTStep(ratio)]
     return _gaussian_scheme("fl-freq-dp", compress, auto_clip=_median_auto(compress, clip_clients),
                             **_common(locals()))
 
 
 @register("fl-top-dp", "FL-TOP-DP (Alg. 14): Top-K set from public data, Top-K SGD, clip, noise, secure sum")
-def fl_top_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-              ratio: float = 0.005, init_steps: int = 5,
+def fl_top_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005, init_steps: int = 5,
               init_lr: float = 0.215, task: str = "multiclass", sigma: float | None = None,
               epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
               noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
               threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
-              clip_clients: int | None = None, clip_epsilon: float = 0.1) -> Scheme:
+              clip_clients: int | None = None, clip_epsilon: float = 0.1,
+              n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     top = TopKStep(ratio, init_steps, init_lr, task)
     return _gaussian_scheme("fl-top-dp", [top],
                             auto_clip=lambda ctx: sensitivity.public_topk(ctx, top.indices), **_common(locals()))
 
 
 @register("fl-basic-dp", "FL-BASIC-DP (§5.4.5): a fresh random trainable K-subset each round, clip, noise")
-def fl_basic_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-                ratio: float = 0.005,
+def fl_basic_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005,
                 clip_repeats: int = 100, sigma: float | None = None, epsilon: float | None = None,
                 clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
                 secure_aggregation: bool | None = None, neighbours: int | None = None, threshold: int | None = None,
                 drop_after_masking: float = 0.0, frac_bits: int | None = None, clip_clients: int | None = None,
-                clip_epsilon: float = 0.1) -> Scheme:
+                clip_epsilon: float = 0.1,
+                n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     sub = RandomSubsetStep(ratio, mask_training=True)
     return _gaussian_scheme("fl-basic-dp", [sub],
                             auto_clip=lambda ctx: sensitivity.public_random(ctx, sub.k, clip_repeats),
@@ -292,11 +294,11 @@ def _common(args: dict[str, Any]) -> dict[str, Any]:
 
 @register("fl-sign-dp", "FL-SIGN-DP (Alg. 9): z ~ DG(sign(Δw), √n·σ/√(|K|−l)), secure sum over Z_2^b, "
                         "γ·sign of the sum")
-def fl_sign_dp(n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy,
-               gamma: float = 0.005,
+def fl_sign_dp(n_params, cohort_size, sampling_rate, rounds, privacy, gamma: float = 0.005,
                sigma: float | None = None, epsilon: float | None = None, tolerate: int = 0,
                noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
-               threshold: int | None = None, drop_after_masking: float = 0.0) -> Scheme:
+               threshold: int | None = None, drop_after_masking: float = 0.0,
+               n_clients: int | None = None, sampling: str = "poisson") -> Scheme:
     _sigma_or_epsilon("fl-sign-dp", sigma, epsilon)
     check_placement(noise)
     tolerate = check_tolerate(tolerate)
