@@ -46,6 +46,7 @@ from dpfl.privacy import (
     calibrate_sigma,
     sampler_tv_bound,
 )
+from dpfl.privacy import rdp as R
 from dpfl.privacy.ledger import SUPPORTED_SAMPLINGS
 from dpfl.schemes import sensitivity
 from dpfl.schemes.base import SetupContext, Step, Transport
@@ -81,31 +82,49 @@ def calibrated_sigma(epsilon: float, privacy: Any, q: float, rounds: int,
         return s
     event = event or (lambda x: SampledGaussianEvent(x, q))
 
-    def eps(x: float) -> float:
-        led = Ledger(acc, neighbouring)
+    def eps(x: float, orders=None) -> float:
+        led = Ledger(acc, neighbouring, orders=orders)
         for e in prefix:
             led.add(e)
         led.add(event(x), count=rounds)
         return led.epsilon(delta)
 
-    if eps(s) <= epsilon:
-        if neighbouring == "add_remove":
+    if neighbouring == "add_remove":
+        if eps(s) <= epsilon:
             return s  # the events only add to the sampled Gaussian's ε: s is the smallest
-        lo, hi = s / 2, s  # another relation: the smallest σ may lie below s
+        return _bisect(eps, *_bracket(eps, s, epsilon), epsilon)[1]
+    # another relation (sampling without replacement): s is only a starting point. Under rdp the
+    # search runs on the orders <= 64 (fast; their ε is >= the full grid's), then the full grid
+    # confirms that σ / (1 + 1e-5) is not enough there either.
+    fast = (lambda x: eps(x, R.DEFAULT_ORDERS[R.DEFAULT_ORDERS <= 64])) if acc == "rdp" else eps
+    lo, hi = _bisect(fast, *_bracket(fast, s, epsilon), epsilon)
+    if fast is eps or eps(lo) > epsilon:
+        return hi
+    return _bisect(eps, *_bracket(eps, lo, epsilon), epsilon)[1]
+
+
+def _bracket(eps: Callable[[float], float], s: float, epsilon: float) -> tuple[float, float]:
+    """(lo, hi) around s with eps(lo) > epsilon >= eps(hi)."""
+    if eps(s) <= epsilon:
+        lo, hi = s / 2, s
         while eps(lo) <= epsilon:
             lo, hi = lo / 2, lo
             if lo < 1e-4:
                 raise ConfigError(f"ε = {epsilon} is reached for every σ ≥ 1e-4 with these events")
-    else:
-        lo, hi = s, s * 1.05
-        while eps(hi) > epsilon:
-            lo, hi = hi, hi * 2
-            if hi > 1e7:
-                raise ConfigError(f"no σ ≤ 1e7 reaches ε = {epsilon} with these events")
+        return lo, hi
+    lo, hi = s, s * 1.05
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e7:
+            raise ConfigError(f"no σ ≤ 1e7 reaches ε = {epsilon} with these events")
+    return lo, hi
+
+
+def _bisect(eps: Callable[[float], float], lo: float, hi: float, epsilon: float) -> tuple[float, float]:
     while hi / lo > 1 + 1e-5:
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps(mid) <= epsilon else (mid, hi)
-    return hi
+    return lo, hi
 
 
 def _sigma_or_epsilon(name: str, sigma: float | None, epsilon: float | None) -> None:
