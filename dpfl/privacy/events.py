@@ -4,7 +4,9 @@ Noise parameters are relative to the bound on one unit's contribution (one recor
 client, the "sensitivity" C). Under ``add_remove`` neighbouring the outputs of neighbouring
 datasets differ by at most C; under ``replace_one`` by at most 2C (the backends account for
 that). Pure/approximate/zCDP events state a guarantee that already holds under the ledger's
-neighbouring relation.
+neighbouring relation. A subsampled Gaussian is Poisson sampling (``SampledGaussianEvent``:
+add_remove; replace_one under pld only) or sampling without replacement
+(``SampledWithoutReplacementGaussianEvent``: replace_one, rdp/moments only).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ Two order grids and two conversions:
   Canonne-Kamath-Steinke 2020 (Prop. 12) / Asoodeh et al. 2020.
 The sampled-Gaussian curve is Mironov-Talwar-Zhang 2019 (closed form for integer orders,
 the two-sided series of their Sec. 3.3 for fractional orders, terms taken in absolute value).
+Sampling without replacement (replace-one only) takes dp-accounting's curve.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def sampled_wor_gaussian_rdp(q: float, sigma: float, orders) -> np.ndarray:
 def _wor_curve(q: float, sigma: float, orders: tuple) -> tuple:
     from dp_accounting.rdp import rdp_privacy_accountant as dpa
 
-    # about 2 s on the default grid (orders up to 256 are summed exactly): computed once per (q, sigma)
+    # slow on the default grid (orders up to 256 are summed exactly): cached per (q, sigma, orders)
     return tuple(float(v) for v in dpa._compute_rdp_sample_wor_gaussian(q, sigma, orders))
 
 
