@@ -20,7 +20,7 @@ from dpfl.privacy import (
 from dpfl.privacy.cli import app
 from dpfl.privacy.events import SAMPLINGS, sampling_neighbouring, subsampled_gaussian
 from dpfl.privacy.ledger import SUPPORTED_SAMPLINGS
-from dpfl.privacy.rdp import DEFAULT_ORDERS, MOMENTS_ORDERS
+from dpfl.privacy.rdp import MOMENTS_ORDERS
 
 ORDERS = [1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64]  # a small grid: fast
 
@@ -99,7 +99,8 @@ def test_cli_without_replacement_all_accountants_name_which_support_it():
     out = _last_json(runner.invoke(app, WOR + ["--json"]))
     assert out["sampling"] == "without-replacement" and out["neighbouring"] == "replace_one"
     assert out["pld"] is None and "pld" in out["unsupported"]
-    assert out["rdp"] == pytest.approx(_dpa_epsilon(2.0, 60, 6, 10, 1e-5, DEFAULT_ORDERS), rel=1e-9)
+    # the ledger itself is checked against dp-accounting above (on a small grid: the full one is slow)
+    assert out["rdp"] == epsilon_without_replacement(2.0, 60, 6, 10, 1e-5, "rdp")
     assert out["moments"] == pytest.approx(epsilon_without_replacement(2.0, 60, 6, 10, 1e-5, "moments"))
     table = runner.invoke(app, WOR)
     assert table.exit_code == 0 and "not supported" in table.output and "replace_one" in table.output
