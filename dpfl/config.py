@@ -94,6 +94,10 @@ class PrivacyConfig(_Strict):
     accountant: Literal["moments", "rdp", "pld"] = "rdp"
     delta: float = Field(1e-5, gt=0, lt=1)
     target_epsilon: float | None = Field(None, gt=0)  # stop before exceeding
+    # how epsilon accounts a fixed-size cohort: "without-replacement" (the sampling done; replace-one
+    # neighbours) or "poisson" (q = |K|/N, add/remove neighbours: the thesis's assumption, stated).
+    # Unset: the sampling done (see RunConfig.accounted_sampling).
+    sampling_assumption: Literal["poisson", "without-replacement"] | None = None
 
 
 class EvalConfig(_Strict):
@@ -130,6 +134,22 @@ class RunConfig(_Strict):
     attack: AttackConfig | None = None
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSection = Field(default_factory=RunSection)
+
+    @model_validator(mode="after")
+    def _sampling_matches(self):
+        if self.federation.sampling == "poisson" and self.privacy.sampling_assumption == "without-replacement":
+            raise ValueError("privacy.sampling_assumption = 'without-replacement' but federation.sampling = "
+                             "'poisson' draws each client independently: use 'poisson' or leave it unset")
+        return self
+
+    def accounted_sampling(self) -> str:
+        """How epsilon accounts client selection: "poisson", "without-replacement", or "none" (a fixed
+        cohort of every client: nothing is sampled)."""
+        if self.federation.sampling == "poisson":
+            return "poisson"
+        if self.privacy.sampling_assumption is not None:
+            return self.privacy.sampling_assumption
+        return "none" if self.cohort_size() == self.data.n_clients else "without-replacement"
 
     def cohort_size(self) -> int:
         fed = self.federation

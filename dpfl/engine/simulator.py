@@ -192,7 +192,7 @@ class Simulation:
                 "cohort_size": self.cfg.cohort_size(), "n_clients": self.cfg.data.n_clients,
                 "train": self.cfg.train, "privacy": self.cfg.privacy, "seed": self.cfg.seed,
                 "sampling_rate": self.cfg.sampling_rate(), "rounds": self.cfg.federation.rounds,
-                "dropout": self.cfg.federation.dropout}
+                "dropout": self.cfg.federation.dropout, "sampling": self.cfg.accounted_sampling()}
 
     def _setup(self) -> None:
         if self._setup_done:
@@ -213,7 +213,29 @@ class Simulation:
 
         p = self.cfg.privacy
         budget = Budget(epsilon=p.target_epsilon, delta=p.delta) if p.target_epsilon else None
-        return Ledger(accountant=p.accountant, budget=budget)
+        return Ledger(accountant=p.accountant, neighbouring=self.epsilon_neighbouring(), budget=budget)
+
+    def epsilon_sampling(self) -> str:
+        """How ε accounts client selection: poisson | without-replacement | none."""
+        return self.scheme.privacy_sampling or self.cfg.accounted_sampling()
+
+    def epsilon_neighbouring(self) -> str:
+        return "replace_one" if self.epsilon_sampling() == "without-replacement" else "add_remove"
+
+    def accounting_note(self) -> str:
+        """One line: which sampling and neighbouring relation the reported ε is for."""
+        n, k, s = self.cfg.data.n_clients, self.cfg.cohort_size(), self.epsilon_sampling()
+        rel = {"add_remove": "add/remove-one", "replace_one": "replace-one"}[self.epsilon_neighbouring()]
+        if s == "without-replacement":
+            what = f"{k} of {n} clients sampled without replacement"
+        elif s == "none":
+            what = "no amplification by client sampling"
+        else:
+            what = f"Poisson sampling of clients, q = {k}/{n}"
+            if self.cfg.federation.sampling == "fixed":
+                what += (f" (assumed: the run draws a fixed cohort of {k}; "
+                         "privacy.sampling_assumption = 'poisson')")
+        return f"privacy: ε ({self.cfg.privacy.accountant}) assumes {what}; {rel} neighbours"
 
     # ---- one round ----------------------------------------------------------------
     def _cohort(self, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -351,6 +373,7 @@ class Simulation:
         rec_m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
         if self.ledger is not None:
             rec_m["epsilon"] = self.ledger.epsilon(self.cfg.privacy.delta)
+            rec_m["epsilon_sampling"] = self.epsilon_sampling()
         if r % self.cfg.eval.every == 0 or r == self.cfg.federation.rounds:
             t1 = time.perf_counter()
             self.flat.load_into(self.model, self.w)
@@ -401,6 +424,8 @@ class Simulation:
             source = d["source"].replace("\n", " ")
             ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), "
                                                f"sha256 {d['sha256']}\n" + dump_config(self.cfg))
+        if self.ledger is not None:
+            self.log(self.accounting_note())
         total = self.cfg.federation.rounds
         while self.round < total:
             try:
@@ -430,7 +455,10 @@ class Simulation:
                 "rounds_run": self.round,
                 "best": self.best, "stopped": self.stopped_reason,
                 "epsilon_final": None if self.ledger is None else self.ledger.epsilon(self.cfg.privacy.delta),
-                "delta": self.cfg.privacy.delta if self.ledger is not None else None}
+                "delta": self.cfg.privacy.delta if self.ledger is not None else None,
+                **({} if self.ledger is None else {"epsilon_sampling": self.epsilon_sampling(),
+                                                   "epsilon_neighbouring": self.epsilon_neighbouring(),
+                                                   "epsilon_note": self.accounting_note()})}
 
     # ---- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
