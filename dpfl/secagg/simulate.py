@@ -125,7 +125,7 @@ def secure_sum(
     mask_rows(y, masks, workers, bits)  # every sender has at least its self mask, so all are reduced
     t2 = time.perf_counter()
     for c in senders:
-        msg = MaskedInput(c.id, cfg.round_id, bits, y[at[c.id]])
+        msg = MaskedInput(c.id, cfg.round_id, bits, y[at[c.id]].copy())  # its own memory, as over a wire
         srv.receive(msg)
         sent[c.id] = msg.wire_nbytes
     del y

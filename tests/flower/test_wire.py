@@ -75,8 +75,8 @@ def test_a_client_refuses_a_weaker_secure_sum_configuration():
     check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 3))  # t = majority of 3, min = 4 − 1
     with pytest.raises(ProtocolError, match="min_survivors = 2"):
         check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 2))  # would unmask a smaller sum
-    with pytest.raises(ProtocolError, match="t = 1"):
-        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 1, 3))
+    with pytest.raises(ProtocolError, match="t = 3"):
+        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 3, 3))
 
 
 def test_node_settings_name_the_bad_key():
