@@ -15,6 +15,8 @@ verification key, clients sign their advertised keys and the survivor list (`sig
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -55,11 +57,19 @@ def check_public(pk: object, who: str) -> bytes:
     naming `who`."""
     if not isinstance(pk, bytes) or len(pk) != KEY_BYTES:
         raise ProtocolError(f"{who}: public keys must be {KEY_BYTES} bytes")
+    if _small_order(pk):
+        raise ProtocolError(f"{who}: public key of small order (all-zero shared secret), rejected")
+    return pk
+
+
+@lru_cache(maxsize=1 << 16)
+def _small_order(pk: bytes) -> bool:
+    """One exchange per distinct key (a round's k neighbours all check the same keys)."""
     try:
         _PROBE.exchange(X25519PublicKey.from_public_bytes(pk))
     except ValueError:
-        raise ProtocolError(f"{who}: public key of small order (all-zero shared secret), rejected") from None
-    return pk
+        return True
+    return False
 
 
 def new_signing_key() -> Ed25519PrivateKey:
