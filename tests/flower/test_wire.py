@@ -96,3 +96,17 @@ def test_deployment_randomness_is_not_the_config_seed():
     # round keys: independent per round, and per node secret
     k1, k2 = round_public_keys(b"\x01" * 32, 3), round_public_keys(b"\x02" * 32, 3)
     assert len({*k1, *k2}) == 6
+
+
+def test_requests_and_keys_are_type_checked_not_cast():
+    assert wire.read_request(ConfigRecord({"round": 2, "survivors": [0, 3]})).survivors == {0, 3}
+    for bad in ([0.0, 1.5], [False, True], ["0", "1"], [0, 0]):
+        with pytest.raises(ProtocolError, match="survivor"):
+            wire.read_request(ConfigRecord({"round": 2, "survivors": bad}))
+    good = {"ids": [1, 2], "enc_pk": [b"a" * 32, b"b" * 32], "mask_pk": [b"c" * 32, b"d" * 32]}
+    assert wire.read_keys(ConfigRecord(good))[2] == (b"b" * 32, b"d" * 32)
+    for field_, value in (("enc_pk", [b"a" * 32, b"b" * 31]), ("ids", [1, 1]), ("ids", [1.0, 2.0])):
+        with pytest.raises(ProtocolError, match="neighbour keys"):
+            wire.read_keys(ConfigRecord({**good, field_: value}))
+    share = ShareKeys(2, 7, {0: b"a" * 100}, b"c" * 32)
+    assert wire.read_share(wire.share_record(share)).commitment == b"c" * 32
