@@ -12,8 +12,9 @@ runs its round with the client work done remotely:
 
 It talks to clients through an `Exchange` (send one content per node, collect the replies);
 `dpfl.flower.server` gives it Flower's Grid, `dpfl.flower.loopback` an in-process one.
-A round whose secure sum cannot complete (too few clients at some phase) releases nothing:
-the model stays as it was and no privacy event is recorded.
+A round whose secure sum cannot complete (too few clients at some phase, or shares that cannot be
+corrected and verified: `RoundAborted`) releases nothing: the model stays as it was and no
+privacy event is recorded. A client's malformed reply only drops that client (docs/threat-model.md).
 """
 
 from __future__ import annotations

@@ -520,6 +520,8 @@ class Server:
     def _check_advertise(self, m: AdvertiseKeys) -> None:
         enc = kx.check_public(m.enc_pk, f"client {m.sender}")
         mask = kx.check_public(m.mask_pk, f"client {m.sender}")
+        if self.cfg.signing_keys is None and m.signature != b"":
+            raise ProtocolError(f"client {m.sender}: a signature in a round without signatures")
         if self.cfg.signing_keys is not None and not kx.verify(
             self.cfg.signing_keys[m.sender], m.signature, keys_statement(self.cfg.round_id, m.sender, enc, mask)
         ):
