@@ -29,7 +29,9 @@ from dpfl.rng import CryptoRNG
 
 KEY_BYTES = 32
 SIGNATURE_BYTES = 64
-_PROBE = X25519PrivateKey.from_private_bytes(b"\x09" * KEY_BYTES)  # any fixed key: clamping makes it a multiple of 8
+_PROBE = X25519PrivateKey.from_private_bytes(
+    b"\x09" * KEY_BYTES
+)  # any fixed key: clamping makes it a multiple of 8
 
 
 def new_private_key(rng: CryptoRNG | None = None) -> X25519PrivateKey:

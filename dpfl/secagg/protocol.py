@@ -237,7 +237,9 @@ class Client:
         if (config.signing_keys is not None) and (
             signer is None or kx.verification_bytes(signer) != config.signing_keys[cid]
         ):
-            raise ConfigError(f"client {cid}: the round uses signatures; pass the signing key of its verification key")
+            raise ConfigError(
+                f"client {cid}: the round uses signatures; pass the signing key of its verification key"
+            )
         self.id, self.cfg = int(cid), config
         self._signer = signer if config.signing_keys is not None else None
         self._rng = rng if rng is not None else CryptoRNG()
@@ -253,7 +255,11 @@ class Client:
 
     def advertise(self) -> AdvertiseKeys:
         enc, mask = kx.public_bytes(self._enc_sk), kx.public_bytes(self._mask_sk)
-        sig = b"" if self._signer is None else kx.sign(self._signer, keys_statement(self.cfg.round_id, self.id, enc, mask))
+        sig = (
+            b""
+            if self._signer is None
+            else kx.sign(self._signer, keys_statement(self.cfg.round_id, self.id, enc, mask))
+        )
         return AdvertiseKeys(self.id, self.cfg.round_id, enc, mask, sig)
 
     def _check_keys(self, keys: object) -> dict[int, tuple[bytes, bytes]]:
@@ -297,7 +303,9 @@ class Client:
             nonce = self._rng.bytes(NONCE_BYTES)
             ct = AESGCM(key).encrypt(nonce, s_sh[v + 1] + b_sh[v + 1], _aad(self.cfg.round_id, self.id, v))
             out[v] = nonce + ct
-        return ShareKeys(self.id, self.cfg.round_id, out, seed_commitment(self.cfg.round_id, self.id, self._self_seed))
+        return ShareKeys(
+            self.id, self.cfg.round_id, out, seed_commitment(self.cfg.round_id, self.id, self._self_seed)
+        )
 
     def _open(self, v: int, blob: object) -> tuple[bytes, bytes]:
         """The two shares client v encrypted to me; ProtocolError if they are unusable."""
@@ -356,7 +364,9 @@ class Client:
         if x.shape != (self.cfg.d,):
             raise ConfigError(f"client {self.id}: input must have length {self.cfg.d}, got shape {x.shape}")
         if x.dtype.kind not in "ui":
-            raise ConfigError(f"client {self.id}: input must be integer words in Z_2^{self.cfg.bits}, got dtype {x.dtype}")
+            raise ConfigError(
+                f"client {self.id}: input must be integer words in Z_2^{self.cfg.bits}, got dtype {x.dtype}"
+            )
         if x.size and (int(x.min()) < 0 or int(x.max()) >> self.cfg.bits):
             raise ConfigError(f"client {self.id}: input words must lie in [0, 2^{self.cfg.bits})")
         y = np.array(x, dtype=self.cfg.dtype, copy=True, order="C")
@@ -389,7 +399,9 @@ class Client:
             raise ProtocolError(f"client {self.id}: already signed a different survivor list this round")
         self._signed = survivors
         return SurvivorSignature(
-            self.id, self.cfg.round_id, kx.sign(self._signer, survivors_statement(self.cfg.round_id, survivors))
+            self.id,
+            self.cfg.round_id,
+            kx.sign(self._signer, survivors_statement(self.cfg.round_id, survivors)),
         )
 
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
@@ -403,7 +415,9 @@ class Client:
         cfg, me = self.cfg, f"client {self.id}"
         genuine = survivors & (set(self._shares) | set(self.bad_senders))
         if len(genuine) < cfg.threshold:
-            raise RoundAborted(f"{me}: only {len(genuine)} of its neighbours survive, threshold {cfg.threshold}")
+            raise RoundAborted(
+                f"{me}: only {len(genuine)} of its neighbours survive, threshold {cfg.threshold}"
+            )
         if len(survivors) < cfg.min_survivors:
             raise RoundAborted(
                 f"{me}: only {len(survivors)} survivors, at least {cfg.min_survivors} required"
@@ -415,8 +429,11 @@ class Client:
             if not isinstance(sigs, Mapping):
                 raise ProtocolError(f"{me}: signatures must be a mapping")
             statement = survivors_statement(cfg.round_id, survivors)
-            signers = {int(v) for v, s in sigs.items()
-                       if _is_int(v) and v in survivors and kx.verify(cfg.signing_keys[int(v)], s, statement)}
+            signers = {
+                int(v)
+                for v, s in sigs.items()
+                if _is_int(v) and v in survivors and kx.verify(cfg.signing_keys[int(v)], s, statement)
+            }
             if len(signers) != len(sigs):
                 raise ProtocolError(f"{me}: invalid or foreign signatures of the survivor list")
             if len(signers) < max(cfg.min_survivors, cfg.threshold):
@@ -511,8 +528,13 @@ class Server:
             raise ProtocolError(
                 f"early {type(msg).__name__} from client {u}: the server is in phase {self.phase}"
             )
-        seen = {"advertise": self._keys, "share": self._cts, "masked": self._masked, "consistency": self._sigs,
-                "unmask": self._answers}[want]
+        seen = {
+            "advertise": self._keys,
+            "share": self._cts,
+            "masked": self._masked,
+            "consistency": self._sigs,
+            "unmask": self._answers,
+        }[want]
         if u in seen:
             raise ProtocolError(f"duplicate {type(msg).__name__} from client {u}")
         getattr(self, f"_check_{want}")(msg)
@@ -523,7 +545,9 @@ class Server:
         if self.cfg.signing_keys is None and m.signature != b"":
             raise ProtocolError(f"client {m.sender}: a signature in a round without signatures")
         if self.cfg.signing_keys is not None and not kx.verify(
-            self.cfg.signing_keys[m.sender], m.signature, keys_statement(self.cfg.round_id, m.sender, enc, mask)
+            self.cfg.signing_keys[m.sender],
+            m.signature,
+            keys_statement(self.cfg.round_id, m.sender, enc, mask),
         ):
             raise ProtocolError(f"client {m.sender}: advertised keys without a valid signature")
 
@@ -541,7 +565,9 @@ class Server:
         if any(not isinstance(c, bytes) or len(c) != CIPHERTEXT_BYTES for c in m.ciphertexts.values()):
             raise ProtocolError(f"client {m.sender}: each encrypted share must be {CIPHERTEXT_BYTES} bytes")
         if not isinstance(m.commitment, bytes) or len(m.commitment) != COMMIT_BYTES:
-            raise ProtocolError(f"client {m.sender}: the self-mask seed commitment must be {COMMIT_BYTES} bytes")
+            raise ProtocolError(
+                f"client {m.sender}: the self-mask seed commitment must be {COMMIT_BYTES} bytes"
+            )
 
     def _check_masked(self, m: MaskedInput) -> None:
         u, cfg = m.sender, self.cfg
@@ -560,8 +586,11 @@ class Server:
     def _check_consistency(self, m: SurvivorSignature) -> None:
         if m.sender not in self.survivors:
             raise ProtocolError(f"client {m.sender} signed the survivor list but is not a survivor")
-        if not kx.verify(self.cfg.signing_keys[m.sender], m.signature,
-                         survivors_statement(self.cfg.round_id, self.survivors)):
+        if not kx.verify(
+            self.cfg.signing_keys[m.sender],
+            m.signature,
+            survivors_statement(self.cfg.round_id, self.survivors),
+        ):
             raise ProtocolError(f"client {m.sender}: invalid signature of the survivor list")
 
     def _check_unmask(self, m: UnmaskShares) -> None:
@@ -608,7 +637,10 @@ class Server:
         def entry(a: AdvertiseKeys) -> tuple[bytes, ...]:
             return (a.enc_pk, a.mask_pk, a.signature) if signed else (a.enc_pk, a.mask_pk)
 
-        return {u: {v: entry(self._keys[v]) for v in self.cfg.neighbours[u] if v in self._keys} for u in self._keys}
+        return {
+            u: {v: entry(self._keys[v]) for v in self.cfg.neighbours[u] if v in self._keys}
+            for u in self._keys
+        }
 
     def close_shares(self) -> dict[int, dict[int, bytes]]:
         """U2; for each v ∈ U2 the ciphertexts addressed to it by its neighbours in U2."""
@@ -635,8 +667,12 @@ class Server:
         self._advance("consistency", "unmask")
         need = max(self.cfg.min_survivors, self.cfg.threshold)
         if len(self._sigs) < need:
-            raise self._abort(f"{len(self._sigs)} survivors signed the survivor list, at least {need} required")
-        return UnmaskRequest(self.cfg.round_id, self.survivors, {u: s.signature for u, s in self._sigs.items()})
+            raise self._abort(
+                f"{len(self._sigs)} survivors signed the survivor list, at least {need} required"
+            )
+        return UnmaskRequest(
+            self.cfg.round_id, self.survivors, {u: s.signature for u, s in self._sigs.items()}
+        )
 
     def _recover(self, shares: dict[int, bytes], what: str) -> bytes:
         """A secret from every share received (x = holder id + 1); wrong shares are corrected and
@@ -660,7 +696,9 @@ class Server:
         dropped = set(self._cts) - self.survivors
         masks = []
         for v in sorted(self.survivors):
-            shares = {u + 1: a.self_mask_shares[v] for u, a in self._answers.items() if v in a.self_mask_shares}
+            shares = {
+                u + 1: a.self_mask_shares[v] for u, a in self._answers.items() if v in a.self_mask_shares
+            }
             seed = self._recover(shares, f"client {v}'s self-mask seed")
             if seed_commitment(cfg.round_id, v, seed) != self._cts[v].commitment:
                 raise self._abort(f"client {v}'s self-mask seed does not match its commitment")

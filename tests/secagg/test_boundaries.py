@@ -45,8 +45,19 @@ def _offer(srv, msg):
         return False
 
 
-def _round(rows, bits, *, threshold=None, neighbours=None, seed=0, drop=(), advertise=None, share=None,
-           inbox_of=None, unmask=None):
+def _round(
+    rows,
+    bits,
+    *,
+    threshold=None,
+    neighbours=None,
+    seed=0,
+    drop=(),
+    advertise=None,
+    share=None,
+    inbox_of=None,
+    unmask=None,
+):
     """One honest-driver round in process; hooks replace a client's outgoing message (or None: not sent)."""
     k, d = rows.shape
     cfg = make_config(k, d, bits, threshold=threshold, neighbours=neighbours, rng_seed=seed)
@@ -96,7 +107,9 @@ def test_a_wrong_share_is_corrected_and_its_sender_named():
     def cheat(u, msg):
         if u != 2:
             return msg
-        return dataclasses.replace(msg, self_mask_shares={v: _nudge(s) for v, s in msg.self_mask_shares.items()})
+        return dataclasses.replace(
+            msg, self_mask_shares={v: _nudge(s) for v, s in msg.self_mask_shares.items()}
+        )
 
     total, srv, _ = _round(rows, bits, unmask=cheat)
     assert np.array_equal(total, _plain(rows, range(k), bits))
@@ -121,7 +134,9 @@ def test_a_share_crafted_with_the_lagrange_weight_gives_no_silently_wrong_sum():
             return msg
         shares = {w + 1: a.self_mask_shares[0] for w, a in answers.items() if 0 in a.self_mask_shares}
         shares[2] = msg.self_mask_shares[0]
-        return dataclasses.replace(msg, self_mask_shares={**msg.self_mask_shares, 0: _lagrange_shift(shares, 2, t)})
+        return dataclasses.replace(
+            msg, self_mask_shares={**msg.self_mask_shares, 0: _lagrange_shift(shares, 2, t)}
+        )
 
     # run once to learn the other holders' shares of b_0 (same seed: the same shares), then cheat
     _round(rows, bits, unmask=lambda u, m: answers.setdefault(u, m))
@@ -139,7 +154,9 @@ def test_too_many_wrong_shares_abort_the_round_cleanly():
     def cheat(u, msg):
         if u not in (1, 2):  # two wrong of six shares; only one can be corrected
             return msg
-        return dataclasses.replace(msg, self_mask_shares={v: _nudge(s, 3) for v, s in msg.self_mask_shares.items()})
+        return dataclasses.replace(
+            msg, self_mask_shares={v: _nudge(s, 3) for v, s in msg.self_mask_shares.items()}
+        )
 
     with pytest.raises(RoundAborted, match="inconsistent shares"):
         _round(_rows(k, d, bits), bits, unmask=cheat)
@@ -154,7 +171,9 @@ def test_secure_sum_with_a_cheating_client_completes_or_aborts(monkeypatch):
     def unmask(self, request):
         msg = honest(self, request)
         if self.id == 5:
-            msg = dataclasses.replace(msg, self_mask_shares={v: _nudge(s) for v, s in msg.self_mask_shares.items()})
+            msg = dataclasses.replace(
+                msg, self_mask_shares={v: _nudge(s) for v, s in msg.self_mask_shares.items()}
+            )
         return msg
 
     monkeypatch.setattr(Client, "unmask", unmask)
@@ -264,8 +283,16 @@ def test_a_garbage_ciphertext_costs_only_its_own_share():
 # ---------------------------------------------------------------- inputs and views
 
 
-@pytest.mark.parametrize("x", [np.full(4, 1.7), np.array([-1, 0, 1, 2]), np.array([np.nan, 0, 0, 0]),
-                               np.array([1 << 22, 0, 0, 0]), np.array([True, False, True, False])])
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.full(4, 1.7),
+        np.array([-1, 0, 1, 2]),
+        np.array([np.nan, 0, 0, 0]),
+        np.array([1 << 22, 0, 0, 0]),
+        np.array([True, False, True, False]),
+    ],
+)
 def test_masked_input_casts_nothing(x):
     cfg = make_config(3, 4, 22, rng_seed=0)
     clients = [Client(u, cfg, Seeds(0).crypto("client", u)) for u in range(3)]

@@ -35,15 +35,30 @@ PHASES = ("advertise", "share", "masked", "unmask")
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 WEIRD = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 2**66), st.floats(allow_nan=True, width=32), st.text(max_size=3),
-    st.binary(max_size=110), st.lists(st.integers(-1, 9), max_size=3), st.frozensets(st.integers(-1, 9), max_size=4),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 2**66),
+    st.floats(allow_nan=True, width=32),
+    st.text(max_size=3),
+    st.binary(max_size=110),
+    st.lists(st.integers(-1, 9), max_size=3),
+    st.frozensets(st.integers(-1, 9), max_size=4),
     st.dictionaries(st.integers(-1, 9), st.binary(min_size=0, max_size=110), max_size=3),
-    st.builds(lambda n, v, dt: np.full(n, v).astype(dt), st.integers(0, D + 1), st.integers(0, 2**20),
-              st.sampled_from([np.uint16, np.uint32, np.uint64, np.int64, np.float64])),
+    st.builds(
+        lambda n, v, dt: np.full(n, v).astype(dt),
+        st.integers(0, D + 1),
+        st.integers(0, 2**20),
+        st.sampled_from([np.uint16, np.uint32, np.uint64, np.int64, np.float64]),
+    ),
 )
 # one hostile act: (kind, client pick, field pick, value, position in the phase's deliveries)
-ACT = st.tuples(st.sampled_from(["mutate", "nudge", "replay", "dup", "early", "foreign"]),
-                st.integers(0, 99), st.integers(0, 99), WEIRD, st.integers(0, 99))
+ACT = st.tuples(
+    st.sampled_from(["mutate", "nudge", "replay", "dup", "early", "foreign"]),
+    st.integers(0, 99),
+    st.integers(0, 99),
+    WEIRD,
+    st.integers(0, 99),
+)
 
 
 @st.composite
@@ -103,8 +118,9 @@ def _hostile(act, phase, sc, own, delivered, foreign):
 def _run(sc, rows, foreign=()):
     """One round under the scenario; ('aborted', reason) or ('sum', total, survivors)."""
     k = sc["k"]
-    cfg = make_config(k, D, BITS, neighbours=sc["neighbours"], min_survivors=max(1, k - sc["tolerate"]),
-                      rng_seed=sc["seed"])
+    cfg = make_config(
+        k, D, BITS, neighbours=sc["neighbours"], min_survivors=max(1, k - sc["tolerate"]), rng_seed=sc["seed"]
+    )
     cfg = dataclasses.replace(cfg, min_survivors=max(cfg.threshold, cfg.min_survivors))
     clients = [Client(u, cfg, Seeds(sc["seed"]).crypto("client", u)) for u in range(k)]
     srv = Server(cfg)
@@ -134,9 +150,11 @@ def _run(sc, rows, foreign=()):
             return
         delivered.append(msg)
 
-    closes = {"advertise": lambda: state.update(pub=srv.close_advertise()),
-              "share": lambda: state.update(inbox=srv.close_shares()),
-              "masked": lambda: state.update(request=srv.close_masked())}
+    closes = {
+        "advertise": lambda: state.update(pub=srv.close_advertise()),
+        "share": lambda: state.update(inbox=srv.close_shares()),
+        "masked": lambda: state.update(request=srv.close_masked()),
+    }
     try:
         for phase in PHASES:
             own = honest(phase)
@@ -206,18 +224,35 @@ def test_hostile_clients_get_an_exact_sum_of_honest_survivors_or_a_clean_abort(s
 
 
 IDS = st.one_of(st.integers(-2, 9), st.booleans(), st.text(max_size=1), st.floats(width=32))
-SURVIVORS = st.one_of(st.frozensets(st.integers(0, 6), max_size=7), st.frozensets(IDS, max_size=4),
-                      st.lists(st.integers(0, 6), max_size=4), WEIRD)
-PLAUSIBLE = st.frozensets(st.integers(1, 6), min_size=2, max_size=6).map(lambda s: s | {0})  # lists a server might send
-REQUEST = st.one_of(st.builds(UnmaskRequest, st.just(0), PLAUSIBLE), st.builds(UnmaskRequest, st.just(0), PLAUSIBLE),
-                    st.builds(UnmaskRequest, st.sampled_from([0, 1, -1, True]), SURVIVORS), WEIRD)
+SURVIVORS = st.one_of(
+    st.frozensets(st.integers(0, 6), max_size=7),
+    st.frozensets(IDS, max_size=4),
+    st.lists(st.integers(0, 6), max_size=4),
+    WEIRD,
+)
+PLAUSIBLE = st.frozensets(st.integers(1, 6), min_size=2, max_size=6).map(
+    lambda s: s | {0}
+)  # lists a server might send
+REQUEST = st.one_of(
+    st.builds(UnmaskRequest, st.just(0), PLAUSIBLE),
+    st.builds(UnmaskRequest, st.just(0), PLAUSIBLE),
+    st.builds(UnmaskRequest, st.sampled_from([0, 1, -1, True]), SURVIVORS),
+    WEIRD,
+)
 TAMPER = st.one_of(st.just([]), st.lists(st.tuples(st.integers(1, 6), WEIRD), max_size=2))
 
 
 @FUZZ
-@given(st.integers(0, 3), TAMPER, TAMPER, st.lists(REQUEST, max_size=3),
-       st.frozensets(st.integers(1, 6), min_size=3).map(lambda s: UnmaskRequest(0, s | {0})))
-def test_a_client_facing_a_dishonest_server_reveals_only_what_is_safe(seed, bad_keys, bad_cts, requests, last):
+@given(
+    st.integers(0, 3),
+    TAMPER,
+    TAMPER,
+    st.lists(REQUEST, max_size=3),
+    st.frozensets(st.integers(1, 6), min_size=3).map(lambda s: UnmaskRequest(0, s | {0})),
+)
+def test_a_client_facing_a_dishonest_server_reveals_only_what_is_safe(
+    seed, bad_keys, bad_cts, requests, last
+):
     requests = [*requests, last]  # after random ones, a list an honest server could send
     k = 7
     cfg = make_config(k, D, BITS, rng_seed=seed, min_survivors=5)  # t = 4
@@ -284,7 +319,10 @@ def test_wrong_shares_are_corrected_up_to_the_decoding_bound_else_the_round_abor
     for c in clients:
         a = c.unmask(request)
         if c.id in cheaters:
-            limb, by = data.draw(st.integers(0, shamir.LIMBS - 1)), data.draw(st.integers(1, shamir.PRIME - 1))
+            limb, by = (
+                data.draw(st.integers(0, shamir.LIMBS - 1)),
+                data.draw(st.integers(1, shamir.PRIME - 1)),
+            )
             bad = {}
             for v, s in a.self_mask_shares.items():
                 y = shamir.share_values(s).copy()
