@@ -229,3 +229,26 @@ def test_a_small_order_key_excludes_its_client_from_that_round_only():
     co.run()
     assert co.history[0]["answered"] == 3 and co.history[1]["answered"] == 4
     assert any("rejected client 3" in line and "small order" in line for line in logs), logs
+
+
+class OddShape(Loopback):
+    """Node 103 claims a different row length d in its phase-1 reply."""
+
+    def __call__(self, kind, contents, timeout):
+        out = super().__call__(kind, contents, timeout)
+        if kind == "train.sa_train" and 103 in out:
+            rec = out[103].content[wire.REPLY]
+            rec["d"] = int(rec["d"]) + 1
+        return out
+
+
+def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
+    co, _ = loopback(data, cls=OddShape)
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
+    assert any("rejected client 3" in line and "(d, b)" in line for line in logs), logs
