@@ -20,8 +20,8 @@ CASES: list[tuple[str, list[str] | None]] = [  # label, dpfl arguments (None: `p
     ("python -c pass", None),
     ("dpfl --help", ["--help"]),
     ("dpfl schemes", ["schemes"]),
-    ("dpfl privacy epsilon --accountant rdp", [*_EPS, "--accountant", "rdp"]),
-    ("dpfl privacy epsilon (all accountants)", _EPS),
+    ("dpfl privacy epsilon (rdp)", [*_EPS, "--accountant", "rdp"]),
+    ("dpfl privacy epsilon (all)", _EPS),  # the default --accountant all: pld imports dp-accounting
 ]
 
 
@@ -68,9 +68,9 @@ def run_bench(reps: int = 5, console: Console | None = None) -> dict:
 
     result = {"reps": reps, "cpus": os.cpu_count(), "load_1min_before": load_before, "load_1min_after": load_after,
               "commands": {}}
-    table = Table(title=f"CLI start-up, fresh process each, {reps} reps; {os.cpu_count()} CPUs, "
+    table = Table(title=f"CLI start-up in seconds, fresh process each, {reps} reps; {os.cpu_count()} CPUs, "
                         f"1-min load average {load_before:.1f} before, {load_after:.1f} after")
-    for col in ("command", "wall median s", "wall min s", "wall max s", "CPU median s", "modules", "torch"):
+    for col in ("command", "wall med", "wall min", "wall max", "CPU med", "modules", "torch"):
         table.add_column(col, justify="left" if col == "command" else "right")
     for label, args in CASES:
         mods = imported_modules(args)
@@ -82,5 +82,6 @@ def run_bench(reps: int = 5, console: Console | None = None) -> dict:
         table.add_row(label, f"{statistics.median(w):.3f}", f"{min(w):.3f}", f"{max(w):.3f}",
                       f"{statistics.median(c):.3f}", str(len(mods)), "yes" if torch else "no")
     console.print(table)
-    console.print(f"dpfl ARGS runs as: {sys.executable} -m dpfl.cli.main ARGS")
+    console.print(f"dpfl ARGS runs as: {sys.executable} -m dpfl.cli.main ARGS; "
+                  f"privacy epsilon: {' '.join(_EPS[2:])} [--accountant rdp]")
     return result
