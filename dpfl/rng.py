@@ -50,7 +50,7 @@ class Seeds:
         return np.random.default_rng(self.seed(*path))
 
     def torch(self, *path: object, device: str | torch.device = "cpu") -> torch.Generator:
-        import torch  # here, not at the top: the CLI's light commands must not pay for torch
+        import torch  # here, not at the top: NumPy-only users (dpfl.classic, dpfl.stats) skip its import
 
         g = torch.Generator(device=device)
         g.manual_seed(self.seed(*path))
