@@ -7,6 +7,7 @@
 
 `clipped_grad_sum` has no randomness and no data-dependent control flow, so it can itself be
 vmapped over the clients of a round; `dpsgd_step` adds the noise (from `CryptoRNG`) and updates.
+`dpsgd_step` and train.py form the same sum by book-keeping (ghost.py) where the model allows it.
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ def dpsgd_step(
         if mask is not None:
             raise ConfigError("with a mask (Poisson sampling) pass expected_batch_size = q·N")
         expected_batch_size = float(x.shape[0])
-    s = clipped_grad_sum(params, buffers, model, x, y, clip=clip, loss=loss, mask=mask)
+    from dpfl.dpsgd.ghost import clipped_sum  # book-keeping where the model allows it
+
+    s = clipped_sum(params, buffers, model, x, y, clip=clip, loss=loss, mask=mask)
     g = noisy_gradient(
         s,
         clip=clip,
