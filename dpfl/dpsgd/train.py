@@ -6,6 +6,7 @@
 Each step draws every example independently with probability q (CryptoRNG: the sample is
 secret), processes the variable-size lot in padded chunks of fixed size (masked rows add
 nothing), adds N(0, σ²C²) once to the sum and divides by the expected lot size L = qN.
+Each chunk's clipped sum comes from ghost.clipped_sum (book-keeping where the model allows it).
 """
 
 from __future__ import annotations

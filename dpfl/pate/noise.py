@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from dpfl.errors import PrivacyError
 from dpfl.rng import CryptoRNG
@@ -38,8 +39,10 @@ def gaussian(rng: CryptoRNG, size: int | tuple[int, ...], std: float | np.ndarra
     shape = (size,) if isinstance(size, int) else tuple(size)
     n = int(np.prod(shape))
     half = (n + 1) // 2
-    u = _open_uniform(rng, 2 * half)
-    radius = np.sqrt(-2.0 * np.log(u[:half]))
-    angle = (2.0 * math.pi) * u[half:]
-    z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
-    return std * z.reshape(shape)
+    u = torch.from_numpy(_open_uniform(rng, 2 * half))  # torch: vectorised float64 log/cos/sin
+    radius = u[:half].log().mul_(-2.0).sqrt_()
+    angle = u[half:].mul_(2.0 * math.pi)
+    z = torch.empty(2 * half, dtype=torch.float64)
+    torch.cos(angle, out=z[:half]).mul_(radius)
+    torch.sin(angle, out=z[half:]).mul_(radius)
+    return std * z[:n].numpy().reshape(shape)

@@ -126,3 +126,16 @@ def test_other_models_fall_back_to_the_per_example_path(model, why):
     got = clipped_sum(p, {}, m, x, y, clip=0.1)
     ref = clipped_grad_sum(p, {}, m, x, y, clip=0.1)
     assert all(torch.allclose(got[k], ref[k], rtol=1e-12) for k in ref)
+
+
+def test_gaussian_is_box_muller_on_the_open_uniforms():
+    """The sampler behind DP-SGD's noise against numpy's Box–Muller on the same CryptoRNG uniforms."""
+    import numpy as np
+
+    from dpfl.pate.noise import _open_uniform
+
+    got = gaussian(Seeds(5).crypto("g"), 1001, 0.7)
+    u = _open_uniform(Seeds(5).crypto("g"), 1002)
+    r, a = np.sqrt(-2.0 * np.log(u[:501])), 2.0 * np.pi * u[501:]
+    ref = 0.7 * np.concatenate([r * np.cos(a), r * np.sin(a)])[:1001]
+    assert got.dtype == np.float64 and np.allclose(got, ref, rtol=1e-14, atol=1e-15)
