@@ -97,7 +97,7 @@ def run_bench(
     model: str = "cnn",
     model_options: dict | None = None,
     batch_sizes: tuple[int, ...] = (10, 64, 256),
-    steps: int = 5,
+    steps: int = 7,
     warmup: int = 1,
     clip: float = 1.0,
     noise_multiplier: float = 1.0,
@@ -160,7 +160,7 @@ def run_bench(
 
 
 def _print(out: dict) -> None:
-    con = Console()
+    con = Console(width=130)
     t = Table(
         title=f"DP-SGD step throughput (examples/s): {out['model']} ({out['params']:,} params), "
         f"{out['threads']} threads, {out['device']}, median of {out['steps']} interleaved steps"

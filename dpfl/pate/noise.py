@@ -17,8 +17,12 @@ from dpfl.rng import CryptoRNG
 
 def _open_uniform(rng: CryptoRNG, n: int) -> np.ndarray:
     """Uniforms in the open interval (0, 1): (k + 1/2) / 2^53."""
-    k = rng.uint64(n) >> np.uint64(11)
-    return (k.astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    k = rng.uint64(n)
+    k >>= np.uint64(11)
+    u = k.astype(np.float64)
+    u += 0.5
+    u *= 1.0 / (1 << 53)
+    return u
 
 
 def laplace(rng: CryptoRNG, size: int | tuple[int, ...], scale: float | np.ndarray) -> np.ndarray:
@@ -45,4 +49,8 @@ def gaussian(rng: CryptoRNG, size: int | tuple[int, ...], std: float | np.ndarra
     z = torch.empty(2 * half, dtype=torch.float64)
     torch.cos(angle, out=z[:half]).mul_(radius)
     torch.sin(angle, out=z[half:]).mul_(radius)
-    return std * z[:n].numpy().reshape(shape)
+    z = z[:n].numpy().reshape(shape)
+    if std.ndim == 0:
+        z *= float(std)
+        return z
+    return std * z
