@@ -128,7 +128,9 @@ def noisy_gradient(
     if not expected_batch_size > 0:
         raise ConfigError(f"expected batch size must be > 0, got {expected_batch_size}")
     noise = gaussian_like(grad_sum, noise_multiplier * clip, generator) if noise_multiplier > 0 else None
-    return {k: (g + (noise[k] if noise else 0.0)) / expected_batch_size for k, g in grad_sum.items()}
+    if noise is None:
+        return {k: g / expected_batch_size for k, g in grad_sum.items()}
+    return {k: noise[k].add_(g).div_(expected_batch_size) for k, g in grad_sum.items()}
 
 
 def dpsgd_step(
@@ -163,4 +165,4 @@ def dpsgd_step(
         expected_batch_size=expected_batch_size,
         generator=generator,
     )
-    return {k: p - lr * g[k] for k, p in params.items()}
+    return {k: torch.add(p, g[k], alpha=-lr) for k, p in params.items()}

@@ -139,3 +139,11 @@ def test_gaussian_is_box_muller_on_the_open_uniforms():
     r, a = np.sqrt(-2.0 * np.log(u[:501])), 2.0 * np.pi * u[501:]
     ref = 0.7 * np.concatenate([r * np.cos(a), r * np.sin(a)])[:1001]
     assert got.dtype == np.float64 and np.allclose(got, ref, rtol=1e-14, atol=1e-15)
+
+
+def test_uint64_words_are_the_keystream_bytes():
+    import numpy as np
+
+    a, b = Seeds(6).crypto("k"), Seeds(6).crypto("k")
+    for n in (1, 7, 1000):
+        assert np.array_equal(a.uint64(n), np.frombuffer(b.bytes(8 * n), dtype="<u8"))
