@@ -124,13 +124,13 @@ def noisy_gradient(
     expected_batch_size: float,
     generator: CryptoRNG,
 ) -> Params:
-    """(Σ ḡ_i + N(0, σ²C²)) / L."""
+    """(Σ ḡ_i + N(0, σ²C²)) / L, computed as Σ ḡ_i / L + N(0, (σC/L)²)."""
     if not expected_batch_size > 0:
         raise ConfigError(f"expected batch size must be > 0, got {expected_batch_size}")
-    noise = gaussian_like(grad_sum, noise_multiplier * clip, generator) if noise_multiplier > 0 else None
-    if noise is None:
+    if noise_multiplier == 0:
         return {k: g / expected_batch_size for k, g in grad_sum.items()}
-    return {k: noise[k].add_(g).div_(expected_batch_size) for k, g in grad_sum.items()}
+    noise = gaussian_like(grad_sum, noise_multiplier * clip / expected_batch_size, generator)
+    return {k: noise[k].add_(g, alpha=1.0 / expected_batch_size) for k, g in grad_sum.items()}
 
 
 def dpsgd_step(

@@ -46,11 +46,10 @@ def gaussian(rng: CryptoRNG, size: int | tuple[int, ...], std: float | np.ndarra
     u = torch.from_numpy(_open_uniform(rng, 2 * half))  # torch: vectorised float64 log/cos/sin
     radius = u[:half].log().mul_(-2.0).sqrt_()
     angle = u[half:].mul_(2.0 * math.pi)
+    if std.ndim == 0:
+        radius.mul_(float(std))
     z = torch.empty(2 * half, dtype=torch.float64)
     torch.cos(angle, out=z[:half]).mul_(radius)
     torch.sin(angle, out=z[half:]).mul_(radius)
     z = z[:n].numpy().reshape(shape)
-    if std.ndim == 0:
-        z *= float(std)
-        return z
-    return std * z
+    return z if std.ndim == 0 else std * z
