@@ -80,7 +80,11 @@ class CryptoRNG:
         return self._enc.update(b"\x00" * n)
 
     def uint64(self, n: int) -> np.ndarray:
-        return np.frombuffer(self.bytes(8 * n), dtype="<u8").copy()
+        """n words of keystream (the same bytes as `bytes(8n)`), written straight into the array."""
+        out = np.empty(8 * n + 15, dtype=np.uint8)  # update_into wants block size - 1 spare bytes
+        done = self._enc.update_into(np.zeros(8 * n, dtype=np.uint8), out)
+        assert done == 8 * n
+        return out[: 8 * n].view("<u8")
 
     def uint32(self, n: int) -> np.ndarray:
         return np.frombuffer(self.bytes(4 * n), dtype="<u4").copy()

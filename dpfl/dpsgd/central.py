@@ -7,6 +7,7 @@ import time
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from dpfl.data import load_dataset
+from dpfl.dpsgd.ghost import path_for
 from dpfl.dpsgd.train import DPPlan, make_private_with_epsilon, steps_for, train
 from dpfl.errors import ConfigError
 from dpfl.models import build_model, count_params
@@ -87,6 +88,7 @@ def run_central(cfg: DPSGDConfig) -> dict:
         "n_test": ds.n_test,
         "model": cfg.model,
         "params": count_params(model),
+        "clipping_path": path_for(model),
         "noise_multiplier": plan.noise_multiplier,
         "sample_rate": q,
         "steps": plan.steps,

@@ -7,6 +7,7 @@
 
 `clipped_grad_sum` has no randomness and no data-dependent control flow, so it can itself be
 vmapped over the clients of a round; `dpsgd_step` adds the noise (from `CryptoRNG`) and updates.
+`dpsgd_step` and train.py form the same sum by book-keeping (ghost.py) where the model allows it.
 """
 
 from __future__ import annotations
@@ -123,11 +124,13 @@ def noisy_gradient(
     expected_batch_size: float,
     generator: CryptoRNG,
 ) -> Params:
-    """(Σ ḡ_i + N(0, σ²C²)) / L."""
+    """(Σ ḡ_i + N(0, σ²C²)) / L, computed as Σ ḡ_i / L + N(0, (σC/L)²)."""
     if not expected_batch_size > 0:
         raise ConfigError(f"expected batch size must be > 0, got {expected_batch_size}")
-    noise = gaussian_like(grad_sum, noise_multiplier * clip, generator) if noise_multiplier > 0 else None
-    return {k: (g + (noise[k] if noise else 0.0)) / expected_batch_size for k, g in grad_sum.items()}
+    if noise_multiplier == 0:
+        return {k: g / expected_batch_size for k, g in grad_sum.items()}
+    noise = gaussian_like(grad_sum, noise_multiplier * clip / expected_batch_size, generator)
+    return {k: noise[k].add_(g, alpha=1.0 / expected_batch_size) for k, g in grad_sum.items()}
 
 
 def dpsgd_step(
@@ -152,7 +155,9 @@ def dpsgd_step(
         if mask is not None:
             raise ConfigError("with a mask (Poisson sampling) pass expected_batch_size = q·N")
         expected_batch_size = float(x.shape[0])
-    s = clipped_grad_sum(params, buffers, model, x, y, clip=clip, loss=loss, mask=mask)
+    from dpfl.dpsgd.ghost import clipped_sum  # book-keeping where the model allows it
+
+    s = clipped_sum(params, buffers, model, x, y, clip=clip, loss=loss, mask=mask)
     g = noisy_gradient(
         s,
         clip=clip,
@@ -160,4 +165,4 @@ def dpsgd_step(
         expected_batch_size=expected_batch_size,
         generator=generator,
     )
-    return {k: p - lr * g[k] for k, p in params.items()}
+    return {k: torch.add(p, g[k], alpha=-lr) for k, p in params.items()}

@@ -6,6 +6,7 @@
 Each step draws every example independently with probability q (CryptoRNG: the sample is
 secret), processes the variable-size lot in padded chunks of fixed size (masked rows add
 nothing), adds N(0, σ²C²) once to the sum and divides by the expected lot size L = qN.
+Each chunk's clipped sum comes from ghost.clipped_sum (book-keeping where the model allows it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from dpfl.dpsgd.core import check_dp_args, clipped_grad_sum, noisy_gradient
+from dpfl.dpsgd.core import check_dp_args, noisy_gradient
+from dpfl.dpsgd.ghost import clipped_sum
 from dpfl.errors import ConfigError, PrivacyError
 from dpfl.privacy.calibration import calibrate_sigma
 from dpfl.privacy.events import SampledGaussianEvent
@@ -136,7 +138,7 @@ def train(
         lots += len(idx)
         total = {k: torch.zeros_like(v) for k, v in params.items()}
         for part, mask in padded_chunks(idx, chunk_size):
-            s = clipped_grad_sum(
+            s = clipped_sum(
                 params,
                 buffers,
                 model,

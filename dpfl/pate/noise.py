@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from dpfl.errors import PrivacyError
 from dpfl.rng import CryptoRNG
@@ -16,8 +17,12 @@ from dpfl.rng import CryptoRNG
 
 def _open_uniform(rng: CryptoRNG, n: int) -> np.ndarray:
     """Uniforms in the open interval (0, 1): (k + 1/2) / 2^53."""
-    k = rng.uint64(n) >> np.uint64(11)
-    return (k.astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    k = rng.uint64(n)
+    k >>= np.uint64(11)
+    u = k.astype(np.float64)
+    u += 0.5
+    u *= 1.0 / (1 << 53)
+    return u
 
 
 def laplace(rng: CryptoRNG, size: int | tuple[int, ...], scale: float | np.ndarray) -> np.ndarray:
@@ -38,8 +43,13 @@ def gaussian(rng: CryptoRNG, size: int | tuple[int, ...], std: float | np.ndarra
     shape = (size,) if isinstance(size, int) else tuple(size)
     n = int(np.prod(shape))
     half = (n + 1) // 2
-    u = _open_uniform(rng, 2 * half)
-    radius = np.sqrt(-2.0 * np.log(u[:half]))
-    angle = (2.0 * math.pi) * u[half:]
-    z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
-    return std * z.reshape(shape)
+    u = torch.from_numpy(_open_uniform(rng, 2 * half))  # torch: vectorised float64 log/cos/sin
+    radius = u[:half].log().mul_(-2.0).sqrt_()
+    angle = u[half:].mul_(2.0 * math.pi)
+    if std.ndim == 0:
+        radius.mul_(float(std))
+    z = torch.empty(2 * half, dtype=torch.float64)
+    torch.cos(angle, out=z[:half]).mul_(radius)
+    torch.sin(angle, out=z[half:]).mul_(radius)
+    z = z[:n].numpy().reshape(shape)
+    return z if std.ndim == 0 else std * z

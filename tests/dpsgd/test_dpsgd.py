@@ -270,21 +270,27 @@ def test_cli_train_digits():
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook")
-def test_bench_measures_both_implementations_on_the_same_batch():
-    from dpfl.dpsgd.bench import run_bench
+def test_bench_measures_every_implementation_on_the_same_batch():
+    from dpfl.dpsgd.bench import OPACUS_MODES, run_bench
 
     out = run_bench(
         model="mlp",
         model_options={"in_features": 784, "hidden": [16]},
-        batch_size=8,
+        batch_sizes=(4, 8),
         steps=2,
         print_table=False,
     )
-    assert out["params"] == 784 * 16 + 16 + 16 * 10 + 10 and out["batch_size"] == 8
-    assert len(out["step_seconds"]["dpfl"]) == 2 and out["examples_per_s"]["dpfl"] > 0
+    assert out["params"] == 784 * 16 + 16 + 16 * 10 + 10 and out["path"] == "book-keeping"
+    res = out["batches"][8]
+    assert len(res["step_seconds"]["dpfl"]) == 2 and res["examples_per_s"]["dpfl"] > 0
+    assert res["noise_draw_seconds"] > 0
     try:
         import opacus  # noqa: F401
     except ImportError:
-        assert "not available" in out["opacus"]
+        assert "not available" in out["opacus"] and list(res["examples_per_s"]) == ["dpfl"]
     else:
-        assert out["speedup_vs_opacus"] == out["examples_per_s"]["dpfl"] / out["examples_per_s"]["opacus"]
+        rates = res["examples_per_s"]
+        assert set(rates) == {"dpfl"} | {f"opacus-{m}" for m in OPACUS_MODES}
+        best = max(v for k, v in rates.items() if k != "dpfl")
+        assert res["speedup_vs_fastest_opacus"] == rates["dpfl"] / best
+        assert rates[res["fastest_opacus"]] == best
