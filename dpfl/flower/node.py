@@ -200,7 +200,7 @@ class LocalClient:
         model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
         self.n = sum(p.numel() for p in model.parameters())
         self.scheme = build_run_scheme(cfg, self.n)
-        tc = cfg.train.model_dump()
+        tc = cfg.train.model_dump(exclude={"dpsgd"})
         tc.update(self.scheme.train_overrides)
         self.trainer = Trainer(model, task, LocalTraining(**tc), mode="auto", max_cohort=cfg.run.max_cohort)
         w0 = self.trainer.flat.flatten(model).to(self.device)
