@@ -19,7 +19,8 @@ from dpfl.privacy.events import check_delta, check_q
 
 
 class RecordAccountant:
-    """Per-client counts of DP-SGD steps at each sampling rate, for `n_clients` clients."""
+    """Per-client counts of DP-SGD steps at each sampling rate, for `n_clients` clients (sparse:
+    only the (client, rate) pairs that occurred are stored)."""
 
     def __init__(self, n_clients: int, noise_multiplier: float, orders=R.DEFAULT_ORDERS):
         if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier)
@@ -29,7 +30,7 @@ class RecordAccountant:
             raise PrivacyError(f"n_clients must be >= 1, got {n_clients}")
         self.n_clients, self.sigma = int(n_clients), float(noise_multiplier)
         self.orders = R.check_orders(orders)
-        self.counts: dict[float, np.ndarray] = {}  # q -> steps per client [n_clients]
+        self.counts: dict[int, dict[float, int]] = {}  # client -> {q: steps}
         self._curves: dict[float, np.ndarray] = {}
 
     def _curve(self, q: float) -> np.ndarray:
@@ -53,58 +54,69 @@ class RecordAccountant:
             raise PrivacyError(f"steps must be an integer >= 0, got {steps!r}")
         for q in np.unique(qs):
             self._curve(float(q))  # validates q
-            c = self.counts.setdefault(float(q), np.zeros(self.n_clients, dtype=np.int64))
-            np.add.at(c, ids[qs == q], int(steps))
+        if not steps:
+            return
+        for c, q in zip(ids.tolist(), qs.tolist()):
+            own = self.counts.setdefault(c, {})
+            own[q] = own.get(q, 0) + int(steps)
+
+    def _signature(self, c: int) -> tuple:
+        return tuple(sorted(self.counts.get(c, {}).items()))
 
     def rdp(self, clients) -> np.ndarray:
         """RDP curves [len(clients), orders] of the given clients."""
-        ids = self._ids(clients)
-        out = np.zeros((ids.size, self.orders.size))
-        for q, c in self.counts.items():
-            n = c[ids, None]
-            out += np.where(n > 0, n * self._curve(q)[None, :], 0.0)
+        rows = [self._rdp(self._signature(c)) for c in self._ids(clients).tolist()]
+        return np.stack(rows) if rows else np.zeros((0, self.orders.size))
+
+    def _rdp(self, sig: tuple) -> np.ndarray:
+        out = np.zeros(self.orders.size)
+        for q, n in sig:  # only rates with steps: 0 × inf (a diverging order) never turns into NaN
+            out = out + n * self._curve(q)
         return out
 
     def epsilon(self, clients, delta: float) -> np.ndarray:
         """Record-level ε(δ) of each client in `clients` (0 for clients that took no step)."""
         check_delta(delta)
-        ids = self._ids(clients)
-        steps = np.stack([c[ids] for c in self.counts.values()], 1) if self.counts else np.zeros((ids.size, 0))
-        out = np.zeros(ids.size)
-        uniq, inv = np.unique(steps, axis=0, return_inverse=True)  # clients with equal counts share ε
-        inv = inv.reshape(-1)
-        curves = np.stack([self._curve(q) for q in self.counts]) if self.counts else None
-        for j, row in enumerate(uniq):
-            if row.any():
-                used = row > 0  # 0 × inf (an order where a curve diverges) must not turn into NaN
-                out[inv == j] = R.epsilon_from_rdp(self.orders, row[used] @ curves[used], delta)[0]
+        ids = self._ids(clients).tolist()
+        seen: dict[tuple, float] = {(): 0.0}  # clients with equal counts share ε
+        out = np.zeros(len(ids))
+        for i, c in enumerate(ids):
+            sig = self._signature(c)
+            if sig not in seen:
+                seen[sig] = R.epsilon_from_rdp(self.orders, self._rdp(sig), delta)[0]
+            out[i] = seen[sig]
         return out
 
     def epsilon_after(self, clients, rates, steps: int, delta: float) -> np.ndarray:
         """ε(δ) each of `clients` would have after `steps` more steps at `rates` (nothing is recorded)."""
-        saved = {q: c.copy() for q, c in self.counts.items()}
+        ids = self._ids(clients).tolist()
+        saved = {c: dict(self.counts[c]) for c in ids if c in self.counts}
         try:
             self.add(clients, rates, steps)
             return self.epsilon(clients, delta)
         finally:
-            self.counts = saved
+            for c in ids:
+                self.counts.pop(c, None)
+            self.counts.update(saved)
 
     def spent(self) -> np.ndarray:
-        """Ids of the clients that have taken at least one step."""
-        tot = sum(self.counts.values()) if self.counts else np.zeros(self.n_clients, dtype=np.int64)
-        return np.flatnonzero(tot)
+        """Ids of the clients that have taken at least one step, ascending."""
+        return np.array(sorted(self.counts), dtype=np.int64)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sigma": self.sigma, "counts": {repr(q): c.copy() for q, c in self.counts.items()}}
+        rows = [(c, q, n) for c, own in sorted(self.counts.items()) for q, n in sorted(own.items())]
+        return {"sigma": self.sigma, "client": np.array([r[0] for r in rows], dtype=np.int64),
+                "rate": np.array([r[1] for r in rows], dtype=np.float64),
+                "steps": np.array([r[2] for r in rows], dtype=np.int64)}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         if float(st["sigma"]) != self.sigma:
             raise PrivacyError(f"record-level σ in the state is {st['sigma']}, this run's is {self.sigma}")
-        counts = {}
-        for q, c in st["counts"].items():
-            arr = np.asarray(c, dtype=np.int64)
-            if arr.shape != (self.n_clients,) or (arr < 0).any():
-                raise PrivacyError(f"record-level step counts must be {self.n_clients} integers >= 0")
-            counts[float(q)] = arr
-            self._curve(float(q))
-        self.counts = counts
+        c, q, n = (np.asarray(st[k]).reshape(-1) for k in ("client", "rate", "steps"))
+        if not (c.shape == q.shape == n.shape) or (n < 1).any():
+            raise PrivacyError("record-level step counts must be matching (client, rate, steps >= 1) arrays")
+        self.counts = {}
+        self.add(c, q, 0)  # validates ids and rates
+        for ci, qi, ni in zip(c.tolist(), q.tolist(), n.tolist()):
+            own = self.counts.setdefault(int(ci), {})
+            own[float(qi)] = own.get(float(qi), 0) + int(ni)

@@ -204,3 +204,26 @@ def test_full_batch_scheme_refused(tiny_config):
 def test_load_config_accepts_section():
     cfg = load_config(data={"train": {"dpsgd": {"target_epsilon": 4.0}}})
     assert cfg.train.dpsgd.clip == 1.0 and cfg.train.dpsgd.noise_multiplier is None
+
+
+def test_record_epsilon_beside_client_level_epsilon(tiny_config):
+    cfg = tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "scheme.name": "fl-std-dp",
+                         "scheme.options": {"sigma": 1.0, "clip": 1.0}})
+    sim = Simulation(cfg, None, log=lambda s: None)
+    m = [sim.step_round() for _ in range(2)][-1]
+    assert m["epsilon"] > 0 and m["record_epsilon_max"] > 0
+    assert sim.summary()["epsilon_final"] == m["epsilon"]
+    assert sim.summary()["record_level"]["epsilon_max"] == m["record_epsilon_max"]
+
+
+def test_accountant_rdp_and_bad_state():
+    acc = RecordAccountant(3, 1.0, orders=ORDERS)
+    acc.add([0, 2], [0.5, 1.0], 2)
+    r = acc.rdp([0, 1, 2])
+    assert np.array_equal(r[1], np.zeros(ORDERS.size))
+    assert np.allclose(r[2], 2 * R.sampled_gaussian_rdp(1.0, 1.0, ORDERS))
+    st = acc.state_dict()
+    with pytest.raises(PrivacyError):
+        RecordAccountant(3, 1.0).load_state_dict({**st, "steps": st["steps"] * 0})
+    with pytest.raises(PrivacyError):
+        RecordAccountant(2, 1.0).load_state_dict(st)  # client 2 does not exist there
