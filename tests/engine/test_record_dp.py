@@ -227,3 +227,10 @@ def test_accountant_rdp_and_bad_state():
         RecordAccountant(3, 1.0).load_state_dict({**st, "steps": st["steps"] * 0})
     with pytest.raises(PrivacyError):
         RecordAccountant(2, 1.0).load_state_dict(st)  # client 2 does not exist there
+
+
+def test_gradient_correction_scheme_refused(tiny_config):
+    sim = Simulation(tiny_config(**{"train.dpsgd": DP, "scheme.name": "feddyn", "scheme.options": {"alpha": 0.01}}),
+                     None, log=lambda s: None)
+    with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
+        sim.step_round()
