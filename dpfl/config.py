@@ -52,6 +52,27 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class DPSGDTrainConfig(_Strict):
+    """Record-level DP: every client's local training is DP-SGD on its own records.
+
+    Each local step samples each of client k's n_k records independently with probability
+    q_k = min(1, batch_size / n_k) (Poisson; the batch size varies, its mean is train.batch_size),
+    clips every example's gradient to `clip`, adds N(0, σ²·clip²) to the sum and divides by
+    the expected batch size q_k·n_k. Accounting: RDP of the Poisson-subsampled Gaussian per client."""
+
+    clip: float = Field(1.0, gt=0)  # per-example clipping norm C
+    noise_multiplier: float | None = Field(None, gt=0)  # σ; calibrated from target_epsilon when None
+    target_epsilon: float | None = Field(None, gt=0)  # record-level ε no client may exceed: the run stops before
+    delta: float = Field(1e-5, gt=0, lt=1)  # record-level δ
+    sampling: Literal["poisson"] = "poisson"
+
+    @model_validator(mode="after")
+    def _noise(self):
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("give train.dpsgd.noise_multiplier or train.dpsgd.target_epsilon (or both)")
+        return self
+
+
 class TrainConfig(_Strict):
     steps: int = Field(5, ge=1)  # T_gd
     batch_size: int = Field(10, ge=1)  # |B|
@@ -60,6 +81,7 @@ class TrainConfig(_Strict):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     prox_mu: float = Field(0.0, ge=0)
+    dpsgd: DPSGDTrainConfig | None = None  # record-level DP-SGD in every client (see DPSGDTrainConfig)
 
 
 class FederationConfig(_Strict):

@@ -124,6 +124,8 @@ def execute(sim, label: str) -> dict:
             info = f"acc {acc:.4f}" if acc is not None else ""
             if m.get("epsilon") is not None:
                 info += f"  ε {m['epsilon']:.3f}"
+            if m.get("record_epsilon_max") is not None:
+                info += f"  record ε max {m['record_epsilon_max']:.3f}"
             info += f"  up/client {_fmt_bytes(m['cum_up_bytes_per_client'])}"
             prog.update(task, completed=m["round"], info=info)
 
@@ -168,6 +170,10 @@ def run(
         console.print(f"scheme:  {sim.scheme.describe()}  (n = {sim.flat.n:,} parameters, "
                       f"{sim.cfg.data.n_clients} clients, {sim.cfg.cohort_size()} per round, engine "
                       f"{sim.cfg.run.engine}/{sim.trainer.cohort.mode})")
+        if sim.record_sigma is not None:
+            d = sim.cfg.train.dpsgd
+            console.print(f"record-level DP-SGD in every client: σ = {sim.record_sigma:.4g}, C = {d.clip}, "
+                          f"δ = {d.delta}, Poisson batches q_k = min(1, {sim.local.batch_size} / n_k), RDP per client")
         summary = execute(sim, sim.cfg.name)
     except DpflError as e:
         _fail(e)
@@ -210,6 +216,8 @@ def _print_summary(summary: dict, out: Path | None) -> None:
                 f"downstream/client {_fmt_bytes(b['cum_down_bytes_per_client'])}")
         if b.get("epsilon") is not None:
             line += f", ε {b['epsilon']:.3f}"
+        if b.get("record_epsilon_max") is not None:
+            line += f", record-level ε max {b['record_epsilon_max']:.3f}"
         console.print(line)
     if summary.get("stopped"):
         console.print(f"stopped early: {summary['stopped']}")

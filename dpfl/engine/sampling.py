@@ -35,3 +35,22 @@ def local_positions(sizes: np.ndarray, steps: int, batch: int, rng: np.random.Ge
         reps = -(-need // n)
         out.append(np.concatenate([rng.permutation(n) for _ in range(reps)])[:need].reshape(steps, batch))
     return out
+
+
+def poisson_positions(sizes: np.ndarray, steps: int, batch: int, rngs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Record-level DP-SGD batches: at each step every record of client k is taken independently
+    with probability q_k = min(1, batch / n_k), from that client's own `rngs[k]` (CryptoRNG: the
+    sample is secret). Returns (positions [k, steps, M], weight [k, steps, M] float32, q [k]):
+    M is the largest batch drawn, shorter batches are padded with position 0 and weight 0."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    q = np.minimum(1.0, batch / sizes.astype(np.float64))
+    taken = [rng.uniform(steps * int(n)).reshape(steps, int(n)) < qk for rng, n, qk in zip(rngs, sizes, q)]
+    m = max([1, *(int(t.sum(1).max()) for t in taken)])
+    pos = np.zeros((len(sizes), steps, m), dtype=np.int64)
+    weight = np.zeros((len(sizes), steps, m), dtype=np.float32)
+    for c, t in enumerate(taken):
+        for s in range(steps):
+            p = np.flatnonzero(t[s])
+            pos[c, s, : p.size] = p
+            weight[c, s, : p.size] = 1.0
+    return pos, weight, q

@@ -24,8 +24,8 @@ import torch
 from dpfl.config import RunConfig, dump_config, load_config
 from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
-from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poisson
-from dpfl.engine.trainer import LocalTraining, Trainer
+from dpfl.engine.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
+from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext
@@ -171,7 +171,7 @@ class Simulation:
 
             self.attack = build_attack(cfg.attack, env)
             self.fed = self.attack.prepare(self.fed, self.seeds)
-        tc = cfg.train.model_dump()
+        tc = cfg.train.model_dump(exclude={"dpsgd"})
         tc.update(self.scheme.train_overrides)
         self.local = LocalTraining(**tc)
         mode = "auto"
@@ -179,6 +179,8 @@ class Simulation:
         self.flat = self.trainer.flat
         self.w = self.flat.flatten(self.model).to(self.device)
         self.ledger = None
+        self.record = None  # per-client record-level accountant (train.dpsgd)
+        self.record_sigma = self._record_sigma(cfg.federation.rounds)
         self.round = 0
         self.cum = {"up_bytes": 0, "down_bytes": 0, "formula_up_bytes": 0.0, "formula_down_bytes": 0.0}
         self.best: dict[str, Any] | None = None
@@ -200,6 +202,10 @@ class Simulation:
         self._setup_done = True
         n = self.flat.n
         self.ledger = self._make_ledger()
+        if self.record_sigma is not None:
+            from dpfl.privacy.record import RecordAccountant
+
+            self.record = RecordAccountant(self.cfg.data.n_clients, self.record_sigma)
         ctx = SetupContext(n_params=n, seeds=self.seeds, device=self.device, initial_params=self.w.clone(),
                            model=self.model, trainer=self.trainer, public_data=self.fed.public,
                            clients=self.fed, n_clients=self.cfg.data.n_clients,
@@ -236,6 +242,64 @@ class Simulation:
                 what += (f" (assumed: the run draws a fixed cohort of {k}; "
                          "privacy.sampling_assumption = 'poisson')")
         return f"privacy: ε ({self.cfg.privacy.accountant}) assumes {what}; {rel} neighbours"
+
+    def _record_sigma(self, rounds: int) -> float | None:
+        """train.dpsgd's σ: as given, or the smallest σ keeping every client within the record-level
+        target over `rounds` rounds. The calibration replays the (public, seed-drawn) client selection,
+        counting every selected client as trained, and pairs the largest rate q_k with the most
+        participations: an upper bound on every client's ε."""
+        dp = self.cfg.train.dpsgd
+        if dp is None:
+            return None
+        if self.scheme.full_batch:
+            raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it trains on "
+                              "each client's full data in one batch, not on sampled batches")
+        if dp.noise_multiplier is not None:
+            return float(dp.noise_multiplier)
+        from dpfl.privacy.calibration import calibrate_sigma
+
+        seen = np.zeros(self.cfg.data.n_clients, dtype=np.int64)
+        for r in range(1, rounds + 1):
+            answering, dropped = self._cohort(r)
+            seen[answering] += 1
+            seen[dropped] += 1
+        q = float(np.minimum(1.0, self.local.batch_size / self.fed.sizes[seen > 0]).max())
+        return calibrate_sigma(dp.target_epsilon, dp.delta, q, int(seen.max()) * self.local.steps, accountant="rdp")
+
+    def _dp_round(self, r: int, cohort: np.ndarray) -> tuple[torch.Tensor, ClientDP, np.ndarray]:
+        """Poisson batches [k, T, M] (global record indices), the round's ClientDP and q [k]."""
+        dp = self.cfg.train.dpsgd
+        sizes = self.fed.sizes[cohort]
+        samplers = [self.seeds.crypto("round", r, "dpsgd-sample", int(c)) for c in cohort]
+        pos, weight, q = poisson_positions(sizes, self.local.steps, self.local.batch_size, samplers)
+        idx = np.stack([self.fed.clients[c][p] for c, p in zip(cohort, pos)])
+        per_example = pos.shape[2] * self.flat.n  # gradient values per client row and step
+        cdp = ClientDP(dp.clip, self.record_sigma, torch.from_numpy(weight).to(self.device),
+                       torch.from_numpy(q * sizes).to(self.device),
+                       [self.seeds.crypto("round", r, "dpsgd-noise", int(c)) for c in cohort],
+                       chunk=max(1, _DP_GRAD_VALUES // per_example))
+        return torch.from_numpy(idx).to(self.device), cdp, q
+
+    def _check_record_budget(self, r: int, cohort: np.ndarray) -> None:
+        dp = self.cfg.train.dpsgd
+        if self.record is None or dp.target_epsilon is None or not len(cohort):
+            return
+        q = np.minimum(1.0, self.local.batch_size / self.fed.sizes[cohort].astype(np.float64))
+        eps = self.record.epsilon_after(cohort, q, self.local.steps, dp.delta)
+        if eps.max() > dp.target_epsilon:
+            c = int(cohort[int(eps.argmax())])
+            raise BudgetExceededError(f"round {r} would exceed train.dpsgd.target_epsilon = {dp.target_epsilon} "
+                                      f"(record-level; client {c} would reach {eps.max():.4g})")
+
+    def _record_metrics(self, trained: np.ndarray) -> dict[str, Any]:
+        delta = self.cfg.train.dpsgd.delta
+        spent = self.record.spent()
+        eps = self.record.epsilon(spent, delta)
+        own = self.record.epsilon(trained, delta)
+        return {"record_epsilon_max": float(eps.max()) if eps.size else 0.0,
+                "record_epsilon_median": float(np.median(eps)) if eps.size else 0.0,
+                "record_clients_spent": int(spent.size),
+                "record_epsilon_per_client": {str(int(c)): float(e) for c, e in zip(trained, own)}}
 
     # ---- one round ----------------------------------------------------------------
     def _cohort(self, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,11 +349,18 @@ class Simulation:
                 mask = plan.mask if mask is None else (mask & plan.mask)
             w = self.w if plan.start is None else plan.start
             hook = plan.grad_hook
-        batches = plan.batches if plan is not None and plan.batches is not None else \
-            self._batches(ctx.round, ctx.cohort)
+        dp = None
+        if self.record is not None:
+            if plan is not None and (plan.batches is not None or plan.grad_hook is not None):
+                raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it sets "
+                                  "its own local batches or gradient corrections, which would bypass DP-SGD")
+            batches, dp, _ = self._dp_round(ctx.round, ctx.cohort)
+        else:
+            batches = plan.batches if plan is not None and plan.batches is not None else \
+                self._batches(ctx.round, ctx.cohort)
         torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
         train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
-        u = train(w, self.fed.x, self.fed.y, batches, mask, grad_hook=hook)
+        u = train(w, self.fed.x, self.fed.y, batches, mask, grad_hook=hook, dp=dp)
         if self.attack is not None:
             u = self.attack.tamper(self.attack.train(self, ctx, u), ctx)
         return u
@@ -309,6 +380,8 @@ class Simulation:
                 if self.ledger.would_exceed(e):
                     raise BudgetExceededError(f"round {r} would exceed privacy.target_epsilon = "
                                               f"{self.cfg.privacy.target_epsilon}")
+        self._check_record_budget(r, cohort)
+        trained = cohort[:0]
         down = self.scheme.downstream_bytes(ctx) * n_selected
         up = 0
         aborted = None
@@ -316,6 +389,10 @@ class Simulation:
         if len(cohort):
             u = self.client_updates(ctx)
             t_train = time.perf_counter() - t0
+            if self.record is not None:  # they trained: their records are spent whatever happens next
+                trained = cohort
+                q = np.minimum(1.0, self.local.batch_size / self.fed.sizes[cohort].astype(np.float64))
+                self.record.add(cohort, q, self.local.steps)
             d_full = u.shape[1]
             if self.ledger is None:  # private schemes' Clip zeroes such rows, keeping the noise shares
                 u, ctx, diverged = _drop_nonfinite(u, ctx)
@@ -374,6 +451,8 @@ class Simulation:
         if self.ledger is not None:
             rec_m["epsilon"] = self.ledger.epsilon(self.cfg.privacy.delta)
             rec_m["epsilon_sampling"] = self.epsilon_sampling()
+        if self.record is not None:
+            rec_m.update(self._record_metrics(trained))
         if r % self.cfg.eval.every == 0 or r == self.cfg.federation.rounds:
             t1 = time.perf_counter()
             self.flat.load_into(self.model, self.w)
@@ -392,7 +471,7 @@ class Simulation:
         if v is None or (isinstance(v, float) and np.isnan(v)):
             return
         if self.best is None or v > self.best[key]:
-            keep = ("round", "accuracy", "balanced_accuracy", "auroc", "loss", "epsilon",
+            keep = ("round", "accuracy", "balanced_accuracy", "auroc", "loss", "epsilon", "record_epsilon_max",
                     "cum_up_bytes_per_client", "cum_down_bytes_per_client",
                     "formula_up_bytes_per_client", "formula_down_bytes_per_client",
                     "source_accuracy", "attack_success", "step_up_bits_per_value")
@@ -407,8 +486,9 @@ class Simulation:
         return self._data_record
 
     def sigmas(self) -> list[float | None]:
-        """Each step's noise multiplier σ (None for steps without one)."""
-        return [getattr(s, "sigma", None) for s in self.scheme.steps]
+        """Each step's noise multiplier σ (None for steps without one), then train.dpsgd's σ if any."""
+        extra = [] if self.record_sigma is None else [self.record_sigma]
+        return [getattr(s, "sigma", None) for s in self.scheme.steps] + extra
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         self._setup()
@@ -458,13 +538,28 @@ class Simulation:
                 "delta": self.cfg.privacy.delta if self.ledger is not None else None,
                 **({} if self.ledger is None else {"epsilon_sampling": self.epsilon_sampling(),
                                                    "epsilon_neighbouring": self.epsilon_neighbouring(),
-                                                   "epsilon_note": self.accounting_note()})}
+                                                   "epsilon_note": self.accounting_note()}),
+                **self._record_summary()}
+
+    def _record_summary(self) -> dict[str, Any]:
+        dp = self.cfg.train.dpsgd
+        if dp is None:
+            return {}
+        spent = self.record.spent() if self.record is not None else np.zeros(0, dtype=np.int64)
+        eps = self.record.epsilon(spent, dp.delta) if spent.size else np.zeros(0)
+        return {"record_level": {
+            "noise_multiplier": self.record_sigma, "clip": dp.clip, "delta": dp.delta,
+            "epsilon_max": float(eps.max()) if eps.size else 0.0,
+            "epsilon_median": float(np.median(eps)) if eps.size else 0.0, "clients_spent": int(spent.size),
+            "accountant": "rdp: Poisson-subsampled Gaussian per client, q_k = min(1, batch_size / n_k), "
+                          "one event per local step taken; local batches are Poisson samples"}}
 
     # ---- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "w": self.w.cpu(), "scheme": self.scheme.state_dict(),
                 "attack": None if self.attack is None else self.attack.state_dict(),
                 "ledger": None if self.ledger is None else self.ledger.state_dict(),
+                "record": None if self.record is None else self.record.state_dict(),
                 "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason,
                 "sigmas": self.sigmas(), "data": self.data_record()}
 
@@ -483,6 +578,9 @@ class Simulation:
         if (st.get("ledger") is None) != (self.ledger is None):
             raise DataError(f"{source}: {'no' if self.ledger is not None else 'a'} privacy ledger, but this run's "
                             f"scheme {'has' if self.ledger is not None else 'has none'}")
+        if (st.get("record") is None) != (self.record is None):
+            raise DataError(f"{source}: record-level DP-SGD accounting is {'missing' if self.record else 'present'}, "
+                            f"but this run {'has' if self.record else 'has no'} train.dpsgd")
         try:
             self.round = st["round"]
             self.w = w.to(self.device, self.w.dtype)
@@ -491,6 +589,8 @@ class Simulation:
                 self.attack.load_state_dict(st["attack"])
             if st["ledger"] is not None:
                 self.ledger.load_state_dict(st["ledger"])
+            if self.record is not None:
+                self.record.load_state_dict(st["record"])
             self.cum = {k: type(v)(st["cum"][k]) for k, v in self.cum.items()}
             self.best = st["best"]
             self.stopped_reason = st.get("stopped")
@@ -549,8 +649,9 @@ class Simulation:
     def _sigmas_for_rounds(self, rounds: int) -> list[float | None]:
         """The σ of each step had the scheme been built for `rounds` rounds."""
         env = {**self._scheme_env(), "rounds": rounds}
+        extra = [] if self.record_sigma is None else [self._record_sigma(rounds)]
         return [getattr(s, "sigma", None) for s in build_scheme(self.cfg.scheme.name, dict(self.cfg.scheme.options),
-                                                                env).steps]
+                                                                env).steps] + extra
 
 
 def _read_metrics(path: Path) -> list[tuple[str, int]]:
@@ -608,5 +709,7 @@ def machine(device: torch.device) -> dict[str, Any]:
 
 
 from dpfl.schemes.base import Step as _Step
+
+_DP_GRAD_VALUES = 2**28  # per-example gradient values held at once by record-level DP-SGD (1 GiB float32)
 
 _base_privacy_events = _Step.privacy_events

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dpfl.dpsgd.core import clipped_grad_sum, gaussian_like
 from dpfl.engine.cohort import CohortModel, LowRank
+from dpfl.errors import ConfigError
+from dpfl.rng import CryptoRNG
 
 
 @dataclass
@@ -24,6 +27,28 @@ class LocalTraining:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-7  # Keras default
     prox_mu: float = 0.0  # FedProx proximal term μ/2·‖w − w_global‖²
+
+
+@dataclass
+class ClientDP:
+    """DP-SGD inside local training (record-level DP) for the k rows of one round's cohort.
+
+    Row c's step t uses the records `batches[c, t, j]` with `weight[c, t, j] = 1` (0: padding of a
+    Poisson batch to the fixed size B_max): every example's gradient is clipped to `clip`, the
+    clipped sum gets N(0, σ²·clip²) noise from `rngs[c]` and is divided by `expected[c]` = q_c·n_c
+    (`dpfl.dpsgd.core` semantics). Optimizer, weight decay, prox and masks then act on that
+    noisy gradient (post-processing)."""
+
+    clip: float
+    noise_multiplier: float
+    weight: torch.Tensor  # [k, T, B_max] float
+    expected: torch.Tensor  # [k] expected batch size of each row
+    rngs: list[CryptoRNG]  # one noise stream per row
+    chunk: int = 0  # rows per per-example-gradient call (memory); 0 = all
+
+    def rows(self, rows: slice) -> ClientDP:
+        return ClientDP(self.clip, self.noise_multiplier, self.weight[rows], self.expected[rows],
+                        self.rngs[rows], self.chunk)
 
 
 GradHook = Callable[[int, slice, torch.Tensor, dict, dict], None]
@@ -50,7 +75,7 @@ class Trainer:
 
     def train(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
               mask: torch.Tensor | None = None, sign: torch.Tensor | None = None,
-              grad_hook: GradHook | None = None) -> torch.Tensor:
+              grad_hook: GradHook | None = None, dp: ClientDP | None = None) -> torch.Tensor:
         """Updates Δw [k, n] after local training.
 
         `batches` [k, T, B] indexes rows of `x`/`y` (each client's own samples);
@@ -60,23 +85,28 @@ class Trainer:
         their start: Top-K reset rule, pruned sub-networks);
         `sign` [k]: +1 for descent, −1 for gradient ascent (attacks);
         `grad_hook(t, rows, idx, params, grads)`: optional per-client change of each step's loss
-        gradient, in place, before weight decay / prox / mask / optimizer (see `GradHook`).
+        gradient, in place, before weight decay / prox / mask / optimizer (see `GradHook`);
+        `dp`: DP-SGD local steps (record-level DP, see `ClientDP`; `batches` is then [k, T, B_max]).
         """
         k = batches.shape[0]
         if self.max_cohort and k > self.max_cohort:
             parts = []
             for s in range(0, k, self.max_cohort):
                 rows = slice(s, min(k, s + self.max_cohort))
-                parts.append(self._train(w, x, y, batches, mask, sign, grad_hook, rows))
+                parts.append(self._train(w, x, y, batches, mask, sign, grad_hook, rows, dp))
             return torch.cat(parts)
-        return self._train(w, x, y, batches, mask, sign, grad_hook, slice(0, k))
+        return self._train(w, x, y, batches, mask, sign, grad_hook, slice(0, k), dp)
 
     def _train(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
                mask: torch.Tensor | None, sign: torch.Tensor | None, grad_hook: GradHook | None,
-               rows: slice) -> torch.Tensor:
+               rows: slice, dp: ClientDP | None = None) -> torch.Tensor:
         """Local training of the cohort rows `rows` (all per-client arguments are full-cohort)."""
+        if dp is not None and grad_hook is not None:
+            raise ConfigError("train.dpsgd does not combine with per-client gradient corrections "
+                              "(FedDyn, FSVRG, ...): their gradients would bypass the clipping")
         if rows != slice(0, batches.shape[0]):
             batches = batches[rows]
+            dp = None if dp is None else dp.rows(rows)
             sign = None if sign is None else sign[rows]
             w = w[rows] if w.dim() == 2 else w
             mask = mask[rows] if mask is not None and mask.dim() == 2 else mask
@@ -86,7 +116,7 @@ class Trainer:
             raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: sgd, adam")
         per_client = w.dim() == 2
         plain_sgd = (cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay and not cfg.prox_mu
-                     and mask is None and grad_hook is None and not per_client and self.lowrank)
+                     and mask is None and grad_hook is None and not per_client and self.lowrank and dp is None)
         low_names = set(self.cohort.lowrank_candidates(batches.shape[1] * batches.shape[2])) if plain_sgd else set()
         w_parts = self.flat.views(w)
         params: dict[str, object] = {}
@@ -105,7 +135,9 @@ class Trainer:
             xb = x[idx]
             if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
                 xb = xb.to(w.dtype)  # compact storage (binary / half-precision features)
-            if self.cohort.mode == "fx":
+            if dp is not None:
+                grads = self._dp_grads({n: params[n] for n in dense}, xb, y[idx], dp, t, sign)
+            elif self.cohort.mode == "fx":
                 grads = self.cohort.grads(params, xb, y[idx], sign)
             else:
                 stacked = torch.cat([params[n].reshape(k, -1) for n in dense], 1)
@@ -140,9 +172,37 @@ class Trainer:
                 torch.sub(q, w_parts[name], out=dv)
         return d
 
+    def _dp_grads(self, params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor, dp: ClientDP,
+                  t: int, sign: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Noisy clipped gradients {name: [k, *shape]} of step t: per-(client, example) gradients by
+        `clipped_grad_sum` vmapped over the clients (in chunks of `dp.chunk` rows), noise per row."""
+        loss = "bce" if self.task == "binary" else "ce"
+        buffers = {n: b.detach() for n, b in self.model.named_buffers()}
+
+        def one(p, xx, yy, mm):
+            return clipped_grad_sum(p, buffers, self.model, xx, yy, clip=dp.clip, loss=loss, mask=mm)
+
+        k = xb.shape[0]
+        step = dp.chunk or k
+        parts = [torch.func.vmap(one, randomness="different")(
+            {n: v[s:s + step] for n, v in params.items()}, xb[s:s + step], yb[s:s + step],
+            dp.weight[s:s + step, t]) for s in range(0, k, step)]
+        grads = {n: torch.cat([p[n] for p in parts]) for n in params}
+        if dp.noise_multiplier > 0:
+            for c in range(k):  # each row's own noise stream, in parameter order
+                noise = gaussian_like({n: g[c] for n, g in grads.items()}, dp.noise_multiplier * dp.clip, dp.rngs[c])
+                for n, g in grads.items():
+                    g[c].add_(noise[n])
+        for n, g in grads.items():  # (Σ clipped + noise) / L, as dpsgd.core.noisy_gradient
+            shape = (-1, *[1] * (g.dim() - 1))
+            g.div_(dp.expected.to(g).view(shape))
+            if sign is not None:
+                g.mul_(sign.to(g).view(shape))
+        return grads
+
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
                          mask: torch.Tensor | None = None, sign: torch.Tensor | None = None,
-                         grad_hook: GradHook | None = None) -> torch.Tensor:
+                         grad_hook: GradHook | None = None, dp: ClientDP | None = None) -> torch.Tensor:
         """Reference path: one client at a time (same math, no cohort batching)."""
-        return torch.cat([self._train(w, x, y, batches, mask, sign, grad_hook, slice(c, c + 1))
+        return torch.cat([self._train(w, x, y, batches, mask, sign, grad_hook, slice(c, c + 1), dp)
                           for c in range(batches.shape[0])])

@@ -43,6 +43,7 @@ CONFIG_KEY = "dpfl-config"  # run config key holding the dpfl TOML text
 NODE = "dpfl_node"  # context.state: the node secret and the last round it took part in
 STATE = "dpfl_secagg"  # context.state: the current secure-sum round
 WORDS = "dpfl_words"  # context.state: this round's encoded row
+RECORD = "dpfl_record"  # context.state: local DP-SGD steps taken, per sampling rate (train.dpsgd)
 
 
 def run_config_text(run_config: Mapping[str, Any]) -> str:
@@ -89,18 +90,25 @@ def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_conf
     return RecordDict({wire.REPLY: reply})
 
 
-def _train(content: RecordDict, node_config: Mapping, run_config: Mapping):
+def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping):
     import torch
+
+    from dpfl.flower.node import record_spend
 
     c = local_client(node_config, run_config)
     plan = wire.RoundPlan.from_record(content[wire.PLAN])
     w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
+    if c.cfg.train.dpsgd is not None:  # the client's own record-level budget, spent before it trains
+        steps = {float(q): int(s) for q, s in state[RECORD].items()} if RECORD in state else {}
+        steps, eps = record_spend(c.cfg, steps, min(1.0, plan.batch / c.size), plan.steps)
+        state[RECORD] = ConfigRecord({repr(q): s for q, s in steps.items()})
+        log.info("client %d: record-level ε = %.4g after round %d", c.cid, eps, plan.round)
     u, ctx = c.update(plan, w)
     return c, plan, u, ctx
 
 
 def train_plain(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
-    c, _, u, ctx = _train(content, node_config, run_config)
+    c, _, u, ctx = _train(content, state, node_config, run_config)
     transport = c.scheme.transport
     if transport.secure or not hasattr(transport, "codec"):
         raise ConfigError(f"transport {transport.name!r} is not a plain codec transport")
@@ -137,7 +145,7 @@ def _round_key(state: RecordDict, r: int) -> bytes:
 def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
     from dpfl.flower.node import check_round_config, encode_words, round_secagg
 
-    c, plan, u, ctx = _train(content, node_config, run_config)
+    c, plan, u, ctx = _train(content, state, node_config, run_config)
     k, d = plan.answering, int(u.shape[1])
     if k != len(plan.cohort):
         raise ProtocolError(f"round {plan.round}: a secure sum over {len(plan.cohort)} clients must calibrate on k = "

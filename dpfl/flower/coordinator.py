@@ -36,7 +36,7 @@ from dpfl.engine.evaluate import evaluate
 from dpfl.engine.simulator import METRICS, SUMMARY, Simulation
 from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import wire
-from dpfl.flower.node import OsSeeds, decode_sum, round_secagg
+from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg
 from dpfl.schemes.base import Received, RoundContext
 from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
@@ -64,6 +64,7 @@ class Coordinator:
                  reproducible: bool = False, timeout: float = 300.0, log: Callable[[str], None] = print):
         if cfg.attack is not None and cfg.attack.name != "none":
             raise ConfigError("attacks are simulation-only; remove the [attack] section to deploy")
+        check_record_dp(cfg)
         self.cfg, self.exchange, self.timeout, self.log = cfg, exchange, float(timeout), log
         self.reproducible = reproducible
         self.out = Path(out_dir) if out_dir else None
@@ -142,6 +143,9 @@ class Coordinator:
         m: dict[str, Any] = {"round": r, "selected": n_selected}
         self.bytes = {"up": 0, "down": 0}
         released = False
+        if len(cohort) and sim.record is not None:  # the server's view: every client asked to train spent
+            q = np.minimum(1.0, sim.local.batch_size / self.sizes[cohort].astype(np.float64))
+            sim.record.add(cohort, q, sim.local.steps)  # (each client also enforces its own budget)
         if len(cohort):
             try:
                 rec = self.secure(ctx, cohort) if self.scheme.transport.secure else self.plain(ctx, cohort)
@@ -169,6 +173,8 @@ class Coordinator:
         if sim.ledger is not None:
             m["epsilon"] = sim.ledger.epsilon(cfg.privacy.delta)
             m["epsilon_sampling"] = sim.epsilon_sampling()
+        if sim.record is not None:
+            m.update(sim._record_metrics(cohort))
         if r % cfg.eval.every == 0 or r == cfg.federation.rounds:
             sim.flat.load_into(sim.model, sim.w)
             m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
@@ -209,13 +215,17 @@ class Coordinator:
                     for i, c in enumerate(cohort)}
         replies = self.send("train", contents)
         codec = self.scheme.transport.codec
-        payloads, dims = [], set()
+        payloads, dims, answered = [], set(), []
         for c in cohort:
             got = self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
                             lambda m: (wire.read_payload(m), wire.read_shape(m, False)[0]))
+            answered.append(bool(got))
             if got:
                 payloads.append(got[0])
                 dims.add(got[1])
+        if payloads and not all(answered):  # the aggregator's weights: the clients that answered
+            keep = np.array(answered)
+            ctx.cohort, ctx.weights = ctx.cohort[keep], ctx.weights[torch.from_numpy(keep).to(ctx.weights.device)]
         if not payloads:
             raise RoundAborted(f"round {ctx.round}: no client answered")
         if len(dims) != 1:

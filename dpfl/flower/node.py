@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from dpfl.config import RunConfig
-from dpfl.engine.sampling import local_positions
-from dpfl.engine.trainer import LocalTraining, Trainer
-from dpfl.errors import ConfigError, DataError, ProtocolError
+from dpfl.engine.sampling import local_positions, poisson_positions
+from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
+from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
@@ -174,12 +174,39 @@ def federation(cfg: RunConfig):
     return _federations[key]
 
 
+def check_record_dp(cfg: RunConfig) -> None:
+    """Over Flower, train.dpsgd needs an explicit σ: a client cannot replay the server's selection
+    to calibrate one, and must not take its noise level from the server."""
+    if cfg.train.dpsgd is not None and cfg.train.dpsgd.noise_multiplier is None:
+        raise ConfigError("over Flower, train.dpsgd needs noise_multiplier (a client does not calibrate σ from "
+                          "the server's selection); target_epsilon then stops each client at its own budget")
+
+
+def record_spend(cfg: RunConfig, steps: dict[float, int], q: float, n: int) -> tuple[dict[float, int], float]:
+    """A client's own record-level accounting: `steps` (local DP-SGD steps per rate) with n more at
+    rate q, and its ε then; BudgetExceededError (nothing spent) past train.dpsgd.target_epsilon."""
+    from dpfl.privacy.record import RecordAccountant
+
+    d = cfg.train.dpsgd
+    after = dict(steps)
+    after[q] = after.get(q, 0) + n
+    acc = RecordAccountant(1, d.noise_multiplier)
+    for qq, s in after.items():
+        acc.add([0], [qq], s)
+    eps = float(acc.epsilon([0], d.delta)[0])
+    if d.target_epsilon is not None and eps > d.target_epsilon:
+        raise BudgetExceededError(f"this client would reach record-level ε = {eps:.4g} > train.dpsgd.target_epsilon "
+                                  f"= {d.target_epsilon}; it trains no more")
+    return after, eps
+
+
 class LocalClient:
     """A client's data, model, trainer and scheme, built from the run config."""
 
     def __init__(self, cfg: RunConfig, node: NodeSettings):
         if cfg.attack is not None and cfg.attack.name != "none":
             raise ConfigError("attacks are simulation-only; remove the [attack] section to deploy")
+        check_record_dp(cfg)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.cfg, self.node, self.cid = cfg, node, node.cid
@@ -200,7 +227,7 @@ class LocalClient:
         model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
         self.n = sum(p.numel() for p in model.parameters())
         self.scheme = build_run_scheme(cfg, self.n)
-        tc = cfg.train.model_dump()
+        tc = cfg.train.model_dump(exclude={"dpsgd"})
         tc.update(self.scheme.train_overrides)
         self.trainer = Trainer(model, task, LocalTraining(**tc), mode="auto", max_cohort=cfg.run.max_cohort)
         w0 = self.trainer.flat.flatten(model).to(self.device)
@@ -238,13 +265,23 @@ class LocalClient:
             m = s.train_mask(ctx)
             if m is not None:
                 mask = m if mask is None else (mask & m)
-        rng = self.seeds.numpy("round", plan.round, "batches")
-        if self.node.seeded:  # the simulator's draw for the whole cohort, then this client's row
-            pos = local_positions(np.asarray(plan.sizes), plan.steps, plan.batch, rng)[plan.index]
+        dp = None
+        if self.cfg.train.dpsgd is not None:  # the simulator's per-client streams (OS-keyed unless seeded)
+            d = self.cfg.train.dpsgd
+            sampler = self.seeds.crypto("round", plan.round, "dpsgd-sample", self.cid)
+            pos, weight, q = poisson_positions(np.array([self.size]), plan.steps, plan.batch, [sampler])
+            pos = pos[0]
+            dp = ClientDP(d.clip, d.noise_multiplier, torch.from_numpy(weight).to(self.device),
+                          torch.from_numpy(q * self.size).to(self.device),
+                          [self.seeds.crypto("round", plan.round, "dpsgd-noise", self.cid)])
         else:
-            pos = local_positions(np.array([self.size]), plan.steps, plan.batch, rng)[0]
+            rng = self.seeds.numpy("round", plan.round, "batches")
+            if self.node.seeded:  # the simulator's draw for the whole cohort, then this client's row
+                pos = local_positions(np.asarray(plan.sizes), plan.steps, plan.batch, rng)[plan.index]
+            else:
+                pos = local_positions(np.array([self.size]), plan.steps, plan.batch, rng)[0]
         torch.manual_seed(self.seeds.seed("round", plan.round, "torch", self.cid))  # dropout layers
-        u = self.trainer.train(w, self.x, self.y, torch.from_numpy(pos[None]).to(self.device), mask)
+        u = self.trainer.train(w, self.x, self.y, torch.from_numpy(pos[None]).to(self.device), mask, dp=dp)
         for s in self.scheme.steps:
             u = s.client(u, ctx)
         if u.ndim != 2 or u.shape[0] != 1:

@@ -1,0 +1,236 @@
+"""Record-level DP-SGD inside the clients (train.dpsgd): accounting, clipping, determinism, config."""
+
+import functools
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dpfl.config import load_config
+from dpfl.engine.sampling import poisson_positions
+from dpfl.engine.simulator import Simulation
+from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
+from dpfl.errors import BudgetExceededError, ConfigError, PrivacyError
+from dpfl.models import build_model
+from dpfl.privacy import rdp as R
+from dpfl.privacy.record import RecordAccountant
+from dpfl.rng import Seeds
+
+ORDERS = R.DEFAULT_ORDERS[::10]  # fractional and integer orders; dp-accounting is slow per order
+DP = {"clip": 1.0, "noise_multiplier": 1.1}
+
+
+@functools.cache
+def _reference(sigma, rates_steps, delta):
+    from dp_accounting import dp_event as E
+    from dp_accounting.rdp import rdp_privacy_accountant as D
+
+    acc = D.RdpAccountant(orders=list(ORDERS))
+    for q, steps in rates_steps:
+        acc.compose(E.PoissonSampledDpEvent(q, E.GaussianDpEvent(sigma)), steps)
+    return acc.get_epsilon(delta)
+
+
+def reference_epsilon(sigma, rates_steps, delta):
+    return _reference(sigma, tuple(rates_steps), delta)
+
+
+def metrics(run_dir):
+    out = []
+    for ln in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(ln)
+        for k in ("train_seconds", "eval_seconds", "round_seconds"):
+            m.pop(k, None)
+        out.append(m)
+    return out
+
+
+def test_accountant_matches_dp_accounting_per_client():
+    acc = RecordAccountant(5, 1.3, orders=ORDERS)
+    acc.add([0, 1, 2], [0.1, 0.5, 1.0], 7)
+    acc.add([0, 3], [0.1, 0.02], 3)
+    acc.add([1], [0.25], 4)  # client 1 at two rates
+    eps = acc.epsilon([0, 1, 2, 3, 4], 1e-5)
+    want = [reference_epsilon(1.3, [(0.1, 10)], 1e-5), reference_epsilon(1.3, [(0.5, 7), (0.25, 4)], 1e-5),
+            reference_epsilon(1.3, [(1.0, 7)], 1e-5), reference_epsilon(1.3, [(0.02, 3)], 1e-5), 0.0]
+    assert eps == pytest.approx(want, rel=1e-6)
+    assert list(acc.spent()) == [0, 1, 2, 3]
+    before = acc.epsilon([3], 1e-5)
+    after = acc.epsilon_after([3], [0.02], 5, 1e-5)
+    assert after[0] == pytest.approx(reference_epsilon(1.3, [(0.02, 8)], 1e-5), rel=1e-6)
+    assert acc.epsilon([3], 1e-5) == before  # epsilon_after records nothing
+    st = acc.state_dict()
+    other = RecordAccountant(5, 1.3, orders=ORDERS)
+    other.load_state_dict(st)
+    assert np.array_equal(other.epsilon(range(5), 1e-5), eps)
+    with pytest.raises(PrivacyError):
+        RecordAccountant(5, 2.0).load_state_dict(st)
+    with pytest.raises(PrivacyError):
+        acc.add([5], [0.1], 1)
+
+
+def test_simulation_per_client_epsilon_matches_dp_accounting(tiny_config):
+    # quantity partition: clients of different sizes (rates) and participation counts
+    cfg = tiny_config(**{"train.dpsgd": DP, "data.partition": "quantity", "federation.rounds": 4,
+                         "data.n_clients": 8, "federation.clients_per_round": 3})
+    sim = Simulation(cfg, None, log=lambda s: None)
+    sim._setup()
+    sim.record.orders = ORDERS
+    sim.record._curves.clear()
+    ms = [sim.step_round() for _ in range(4)]
+    rounds: dict[int, int] = {}
+    last: dict[int, float] = {}
+    for m in ms:
+        for c, e in m["record_epsilon_per_client"].items():
+            rounds[int(c)] = rounds.get(int(c), 0) + 1
+            last[int(c)] = e
+    assert len(set(rounds.values())) > 1 and len({int(sim.fed.sizes[c]) for c in rounds}) > 1
+    steps = cfg.train.steps
+    for c, p in rounds.items():
+        q = min(1.0, cfg.train.batch_size / int(sim.fed.sizes[c]))
+        assert last[c] == pytest.approx(reference_epsilon(1.1, [(q, p * steps)], 1e-5), rel=1e-6), c
+    assert ms[-1]["record_epsilon_max"] == pytest.approx(max(last.values()))
+    assert ms[-1]["record_epsilon_median"] == pytest.approx(float(np.median(list(last.values()))))
+    assert ms[-1]["record_clients_spent"] == len(rounds)
+
+
+def test_clipped_sum_with_zero_noise_matches_explicit_per_example_gradients():
+    model = build_model("mlp", seed=0, in_features=6, hidden=5, num_classes=3)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(12, 6, generator=g) * 3, torch.randint(0, 3, (12,), generator=g)
+    batches = torch.tensor([[[0, 1, 2, 3]], [[6, 7, 8, 0]]])  # [k=2, T=1, M=4]
+    weight = torch.tensor([[[1.0, 1, 1, 1]], [[1.0, 1, 0, 0]]])  # client 1: two padding rows
+    expected = torch.tensor([3.0, 2.5])
+    per = {}  # explicit per-example gradients, one autograd call each
+    for i in (0, 1, 2, 3, 6, 7):
+        m = build_model("mlp", seed=0, in_features=6, hidden=5, num_classes=3)
+        F.cross_entropy(m(x[i : i + 1]), y[i : i + 1]).backward()
+        per[i] = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
+    clip, lr = float(torch.stack([v.norm() for v in per.values()]).median()), 0.3
+    assert any(v.norm() > clip * 1.01 for v in per.values())  # clipping is active for some
+    tr = Trainer(model, "multiclass", LocalTraining(steps=1, batch_size=4, lr=lr))
+    w = tr.flat.flatten(model)
+    u = tr.train(w, x, y, batches, dp=ClientDP(clip, 0.0, weight, expected, [None, None]))
+    for c, rows in ((0, (0, 1, 2, 3)), (1, (6, 7))):
+        c_eff = clip * (1 - 2.0**-12)  # dpsgd.core clips to C(1 − 2⁻¹²): rounding never exceeds C
+        total = sum(per[i] * min(1.0, c_eff / float(per[i].norm())) for i in rows)
+        assert torch.allclose(u[c], -lr * total / expected[c], atol=1e-6, rtol=1e-4)
+
+
+def test_same_seed_identical_and_resume(tmp_path, tiny_config):
+    cfg = {"train.dpsgd": DP, "federation.rounds": 4}
+    a = Simulation(tiny_config(**cfg), tmp_path / "a", log=lambda s: None)
+    a.run()
+    b = Simulation(tiny_config(**cfg), tmp_path / "b", log=lambda s: None)
+    b.run(lambda m: None)
+    assert torch.equal(a.w, b.w) and metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    plain = Simulation(tiny_config(**{"federation.rounds": 4}), None, log=lambda s: None)
+    plain.run()
+    assert not torch.equal(plain.w, a.w)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_3(m):
+        if m["round"] == 3:
+            raise Crash
+
+    c = Simulation(tiny_config(**cfg), tmp_path / "c", log=lambda s: None)
+    with pytest.raises(Crash):
+        c.run(crash_at_3)  # checkpoint at round 2
+    resumed = Simulation.resume(tmp_path / "c", log=lambda s: None)
+    assert resumed.round == 2
+    resumed.run()
+    assert torch.equal(resumed.w, a.w) and metrics(tmp_path / "c") == metrics(tmp_path / "a")
+
+
+def test_sequential_engine_matches_vectorized(tiny_config):
+    a = Simulation(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2}), None, log=lambda s: None)
+    a.run()
+    b = Simulation(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "run.engine": "sequential"}), None,
+                   log=lambda s: None)
+    b.run()
+    assert torch.allclose(a.w, b.w, atol=1e-5)
+
+
+def test_target_epsilon_stops_before_exceeding(tmp_path, tiny_config):
+    cfg = tiny_config(**{"train.dpsgd": {**DP, "target_epsilon": 3.0}, "federation.rounds": 20,
+                         "federation.clients_per_round": 10})
+    sim = Simulation(cfg, tmp_path, log=lambda s: None)
+    summary = sim.run()
+    ms = metrics(tmp_path)
+    assert summary["stopped"] and "train.dpsgd.target_epsilon" in summary["stopped"]
+    assert 0 < len(ms) < 20 and all(m["record_epsilon_max"] <= 3.0 for m in ms)
+    with pytest.raises(BudgetExceededError):
+        sim.step_round()
+
+
+def test_target_only_calibrates_sigma_within_target(tiny_config):
+    cfg = tiny_config(**{"train.dpsgd": {"clip": 1.0, "target_epsilon": 2.0}, "federation.rounds": 6})
+    sim = Simulation(cfg, None, log=lambda s: None)
+    s = sim.run()
+    assert s["stopped"] is None and s["rounds_run"] == 6
+    assert 1.5 < s["record_level"]["epsilon_max"] <= 2.0
+
+
+def test_poisson_positions_rates_and_padding():
+    rngs = [Seeds(0).crypto("t", c) for c in range(3)]
+    pos, weight, q = poisson_positions(np.array([4, 40, 400]), 200, 8, rngs)
+    assert list(q) == [1.0, 0.2, 0.02]
+    assert (weight[0].sum(1) == 4).all()  # q = 1: every record every step
+    assert abs(weight[1].sum() / 200 - 8) < 1 and abs(weight[2].sum() / 200 - 8) < 1
+    assert (pos[weight == 0] == 0).all() and pos.max() < 400
+
+
+@pytest.mark.parametrize("dpsgd, needle", [
+    ({"clip": 1.0}, "give train.dpsgd.noise_multiplier or train.dpsgd.target_epsilon"),
+    ({"clip": -1.0, "noise_multiplier": 1.0}, "train.dpsgd.clip"),
+    ({"noise_multiplier": 0.0}, "train.dpsgd.noise_multiplier"),
+    ({"noise_multiplier": 1.0, "sampling": "shuffle"}, "train.dpsgd.sampling"),
+])
+def test_config_errors_are_one_line(dpsgd, needle, tiny_config):
+    with pytest.raises(ConfigError) as e:
+        tiny_config(**{"train.dpsgd": dpsgd})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_full_batch_scheme_refused(tiny_config):
+    with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
+        Simulation(tiny_config(**{"train.dpsgd": DP, "scheme.name": "fedsgd"}), None, log=lambda s: None)
+
+
+def test_load_config_accepts_section():
+    cfg = load_config(data={"train": {"dpsgd": {"target_epsilon": 4.0}}})
+    assert cfg.train.dpsgd.clip == 1.0 and cfg.train.dpsgd.noise_multiplier is None
+
+
+def test_record_epsilon_beside_client_level_epsilon(tiny_config):
+    cfg = tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "scheme.name": "fl-std-dp",
+                         "scheme.options": {"sigma": 1.0, "clip": 1.0}})
+    sim = Simulation(cfg, None, log=lambda s: None)
+    m = [sim.step_round() for _ in range(2)][-1]
+    assert m["epsilon"] > 0 and m["record_epsilon_max"] > 0
+    assert sim.summary()["epsilon_final"] == m["epsilon"]
+    assert sim.summary()["record_level"]["epsilon_max"] == m["record_epsilon_max"]
+
+
+def test_accountant_rdp_and_bad_state():
+    acc = RecordAccountant(3, 1.0, orders=ORDERS)
+    acc.add([0, 2], [0.5, 1.0], 2)
+    r = acc.rdp([0, 1, 2])
+    assert np.array_equal(r[1], np.zeros(ORDERS.size))
+    assert np.allclose(r[2], 2 * R.sampled_gaussian_rdp(1.0, 1.0, ORDERS))
+    st = acc.state_dict()
+    with pytest.raises(PrivacyError):
+        RecordAccountant(3, 1.0).load_state_dict({**st, "steps": st["steps"] * 0})
+    with pytest.raises(PrivacyError):
+        RecordAccountant(2, 1.0).load_state_dict(st)  # client 2 does not exist there
+
+
+def test_gradient_correction_scheme_refused(tiny_config):
+    sim = Simulation(tiny_config(**{"train.dpsgd": DP, "scheme.name": "feddyn", "scheme.options": {"alpha": 0.01}}),
+                     None, log=lambda s: None)
+    with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
+        sim.step_round()
