@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -11,8 +12,28 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dpfl.errors import ConfigError
 
 
+def _non_finite(v: Any, path: str = "") -> str | None:
+    """The first non-finite float inside `v` (nested dicts/lists), as `path = value`."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{path or 'value'} = {v}"
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+    for k, x in items:
+        bad = _non_finite(x, f"{path}.{k}" if path else str(k))
+        if bad:
+            return bad
+    return None
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:  # typed floats: allow_inf_nan; free-form options: here
+        bad = None if isinstance(v, BaseModel) else _non_finite(v)
+        if bad:
+            raise ValueError(f"{bad}: numbers must be finite")
+        return v
 
 
 class DataConfig(_Strict):
@@ -73,12 +94,17 @@ class PrivacyConfig(_Strict):
     accountant: Literal["moments", "rdp", "pld"] = "rdp"
     delta: float = Field(1e-5, gt=0, lt=1)
     target_epsilon: float | None = Field(None, gt=0)  # stop before exceeding
+    # how epsilon accounts a fixed-size cohort: "without-replacement" (the sampling done; replace-one
+    # neighbours) or "poisson" (q = |K|/N, add/remove neighbours: the thesis's assumption, stated).
+    # Unset: the sampling done (see RunConfig.accounted_sampling).
+    sampling_assumption: Literal["poisson", "without-replacement"] | None = None
 
 
 class EvalConfig(_Strict):
     every: int = Field(1, ge=1)
     batch_size: int = Field(1000, ge=1)
-    metric: str | None = None  # best-round metric; default accuracy (balanced_accuracy for binary)
+    # best-round metric; default accuracy (balanced_accuracy for binary); the others exist for binary tasks only
+    metric: Literal["accuracy", "balanced_accuracy", "auroc"] | None = None
 
 
 class RunSection(_Strict):
@@ -109,6 +135,22 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSection = Field(default_factory=RunSection)
 
+    @model_validator(mode="after")
+    def _sampling_matches(self):
+        if self.federation.sampling == "poisson" and self.privacy.sampling_assumption == "without-replacement":
+            raise ValueError("privacy.sampling_assumption = 'without-replacement' but federation.sampling = "
+                             "'poisson' draws each client independently: use 'poisson' or leave it unset")
+        return self
+
+    def accounted_sampling(self) -> str:
+        """How epsilon accounts client selection: "poisson", "without-replacement", or "none" (a fixed
+        cohort of every client: nothing is sampled)."""
+        if self.federation.sampling == "poisson":
+            return "poisson"
+        if self.privacy.sampling_assumption is not None:
+            return self.privacy.sampling_assumption
+        return "none" if self.cohort_size() == self.data.n_clients else "without-replacement"
+
     def cohort_size(self) -> int:
         fed = self.federation
         if fed.clients_per_round is not None:
@@ -126,7 +168,7 @@ class RunConfig(_Strict):
 
 
 def _format_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+    lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
@@ -134,10 +176,12 @@ def _format_error(err: ValidationError, source: str) -> str:
             parent = _section_for(e["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else ""
             msg = f"unknown key; allowed keys here: {allowed}"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+        lines.append(f"{loc}: {msg}")
+    return f"invalid configuration in {source}: " + "; ".join(lines)
 
 
 def _section_for(loc: tuple) -> type[BaseModel] | None:

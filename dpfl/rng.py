@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def derive_key(root: int | bytes, *path: object, nbytes: int = 32) -> bytes:
@@ -47,6 +50,8 @@ class Seeds:
         return np.random.default_rng(self.seed(*path))
 
     def torch(self, *path: object, device: str | torch.device = "cpu") -> torch.Generator:
+        import torch  # here, not at the top: NumPy-only users (dpfl.classic, dpfl.stats) skip its import
+
         g = torch.Generator(device=device)
         g.manual_seed(self.seed(*path))
         return g

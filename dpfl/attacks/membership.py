@@ -99,8 +99,9 @@ def membership_advantage(model: torch.nn.Module, fed: Any, samples: int = 5000, 
 def membership_from_run(run_dir: str | Path, samples: int = 5000, seed: int = 0) -> MembershipResult:
     """The attack on the final global model of a finished run directory (config.toml + checkpoint.pt)."""
     from dpfl.config import load_config
+    from dpfl.engine import checkpoint
     from dpfl.engine.flat import FlatParams
-    from dpfl.engine.simulator import CHECKPOINT, CONFIG, build_federation
+    from dpfl.engine.simulator import CHECKPOINT, CONFIG, build_federation, device
     from dpfl.models import build_model
     from dpfl.rng import Seeds
 
@@ -110,10 +111,12 @@ def membership_from_run(run_dir: str | Path, samples: int = 5000, seed: int = 0)
     cfg = load_config(run / CONFIG)
     seeds = Seeds(cfg.seed)
     fed = build_federation(cfg, seeds)  # the clients' original data: the members
-    model = build_model(cfg.model.name, seed=seeds.seed("model"), **cfg.model.options).to(cfg.run.device)
-    w = torch.load(run / CHECKPOINT, weights_only=False)["w"]
+    dev = device(cfg)
+    model = build_model(cfg.model.name, seed=seeds.seed("model"), **cfg.model.options).to(dev)
+    w = checkpoint.load(run / CHECKPOINT).get("w")  # plain data only: a crafted file cannot run code
     flat = FlatParams(model)
-    if w.numel() != flat.n:
-        raise DataError(f"{run / CHECKPOINT}: w has {w.numel()} values, the model {flat.n}")
-    flat.load_into(model, w.to(cfg.run.device))
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.numel() != flat.n:
+        what = f"{w.numel()} values" if isinstance(w, torch.Tensor) else type(w).__name__
+        raise DataError(f"{run / CHECKPOINT}: w is {what}, the model has {flat.n} float parameters")
+    flat.load_into(model, w.to(dev))
     return membership_advantage(model, fed, samples, seed, cfg.eval.batch_size)

@@ -11,7 +11,7 @@ accountant is tighter but needs ~ε/1e-4 buckets per Laplace step: minutes for �
 from __future__ import annotations
 
 from dpfl.errors import PrivacyError
-from dpfl.privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent
+from dpfl.privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent, flatten
 from dpfl.privacy.ledger import Ledger
 
 NEIGHBOURING = "replace_one"
@@ -44,3 +44,19 @@ def gaussian_event(sigma: float, sensitivity: float) -> GaussianEvent:
 def pure_event(epsilon: float) -> PureDPEvent:
     """Any ε-DP step under replace-one neighbours (e.g. one exponential-mechanism selection)."""
     return PureDPEvent(epsilon)
+
+
+def pure_epsilon(ledger: Ledger) -> float | None:
+    """Sum of the pure ε of the ledger's events (basic composition), read back from what was
+    recorded; None if any event is not pure (Gaussian, (ε, δ), ...)."""
+    per_c = 2.0 if ledger.neighbouring == "replace_one" else 1.0  # one record moves a value by 2C or C
+    total = 0.0
+    for event, count in ledger.events:
+        for leaf, k in flatten(event, count):
+            if isinstance(leaf, LaplaceEvent):
+                total += k * per_c / leaf.scale
+            elif isinstance(leaf, PureDPEvent):
+                total += k * leaf.epsilon
+            else:
+                return None
+    return total

@@ -30,6 +30,8 @@ _SUBAPPS = [
     ("dpfl.attacks.cli", "app", "attacks", "Membership inference and attack tools."),
     ("dpfl.flower.cli", "app", "flower", "Deployment over Flower."),
     ("dpfl.experiments.accounting_cli", "app", "accounting", "Accounting comparison (Jayaraman & Evans)."),
+    ("dpfl.classic.cli", "app", "classic", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
+    ("dpfl.stats.cli", "app", "stats", "DP statistics of a column: mean, count, histogram."),
 ]
 for _mod, _attr, _name, _help in _SUBAPPS:
     try:
@@ -45,7 +47,9 @@ for _mod, _attr, _name, _help in _SUBAPPS:
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[red]error:[/red] {e}")
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -86,23 +90,34 @@ def run(
     out: Path = typer.Option(None, "--out", "-o", help="Run directory (default runs/<name>-<time>)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: --set federation.rounds=20"),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its checkpoint."),
-    rounds: int = typer.Option(None, "--rounds", help="With --resume: extend/limit the total number of rounds."),
+    rounds: int = typer.Option(None, "--rounds", help="With --resume: extend the total number of rounds."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
+    allow_recalibration: bool = typer.Option(
+        False, "--allow-recalibration", help="With --resume: accept a noise multiplier σ that --rounds changes."),
 ) -> None:
     """Run a federated experiment (or resume one)."""
     from dpfl.config import load_config
     from dpfl.engine.simulator import Simulation
+    from dpfl.errors import ConfigError
 
     try:
         if resume is not None:
-            sim = Simulation.resume(resume, log=console.print, rounds=rounds)
+            _refuse_flags("with --resume (it continues the run's own config.toml)",
+                          CONFIG=config is not None, **{"--set": bool(set_), "--out": out is not None,
+                                                        "--overwrite": overwrite})
+            _check_rounds(rounds)
+            sim = Simulation.resume(resume, log=console.print, rounds=rounds,
+                                    allow_recalibration=allow_recalibration)
             console.print(f"resuming {resume} at round {sim.round}")
         else:
             if config is None:
-                _fail(ValueError("give a CONFIG file or --resume DIR"))
+                raise ConfigError("give a CONFIG file or --resume DIR")
+            _refuse_flags("without --resume (for a new run use --set federation.rounds=N)",
+                          **{"--rounds": rounds is not None, "--allow-recalibration": allow_recalibration})
             cfg = load_config(_resolve_config(config), set_)
             if out is None:
                 out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            sim = Simulation(cfg, out, log=console.print)
+            sim = Simulation(cfg, out, log=console.print, overwrite=overwrite)
         console.print(f"dataset: {sim.fed.source}")
         console.print(f"scheme:  {sim.scheme.describe()}  (n = {sim.flat.n:,} parameters, "
                       f"{sim.cfg.data.n_clients} clients, {sim.cfg.cohort_size()} per round, engine "
@@ -111,6 +126,22 @@ def run(
     except DpflError as e:
         _fail(e)
     _print_summary(summary, sim.out)
+
+
+def _refuse_flags(when: str, **given: bool) -> None:
+    """ConfigError naming the flags given (True) that do not apply `when`."""
+    from dpfl.errors import ConfigError
+
+    bad = [name for name, on in given.items() if on]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not apply {when}")
+
+
+def _check_rounds(rounds: int | None) -> None:
+    from dpfl.errors import ConfigError
+
+    if rounds is not None and rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
 
 
 def _resolve_config(config: Path) -> Path:
@@ -144,12 +175,13 @@ def _print_summary(summary: dict, out: Path | None) -> None:
 def report(
     run_dirs: list[Path] = typer.Argument(..., help="One or more run directories."),
     out: Path = typer.Option(None, "--out", "-o", help="Where to write the PNG plots (default: first run dir)."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, however wide the terminal."),
 ) -> None:
-    """Best-round table of runs, and plots (accuracy vs round, vs cumulative upstream bytes)."""
+    """Best-round table of runs, and plots (accuracy vs round, vs cumulative upstream bytes, vs ε)."""
     from dpfl.experiments.report import report_runs
 
     try:
-        report_runs(run_dirs, out or run_dirs[0], console)
+        report_runs(run_dirs, out or run_dirs[0], console, wide=wide)
     except DpflError as e:
         _fail(e)
 
@@ -164,19 +196,50 @@ def reproduce(
     accountant: str = typer.Option(None, "--accountant", help="Re-calibrate DP rows' σ under this accountant."),
     report_only: bool = typer.Option(False, "--report-only",
                                      help="Run nothing: compare the runs already under --out (e.g. records)."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, however wide the terminal."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start the chosen rows afresh, replacing their runs."),
+    allow_recalibration: bool = typer.Option(
+        False, "--allow-recalibration", help="Resume rows whose noise multiplier σ --rounds changes."),
 ) -> None:
     """Run a thesis table's rows (resuming finished/partial rows) and print measured vs thesis."""
     from dpfl.experiments.reproduce import list_tables, reproduce_table
 
     try:
         if table == "list":
+            _refuse_flags("to `dpfl reproduce list`", **{
+                "--row": bool(rows), "--rounds": rounds is not None, "--set": bool(set_),
+                "--accountant": accountant is not None, "--report-only": report_only, "--overwrite": overwrite,
+                "--allow-recalibration": allow_recalibration})
             for name, desc in list_tables().items():
                 console.print(f"{name:14s} {desc}")
             return
+        if report_only:
+            _refuse_flags("with --report-only (it runs nothing)", **{
+                "--rounds": rounds is not None, "--set": bool(set_), "--overwrite": overwrite,
+                "--allow-recalibration": allow_recalibration})
+        _check_rounds(rounds)
         reproduce_table(table, rows=rows, rounds=rounds, out=out, overrides=set_, accountant=accountant,
-                        console=console, execute=execute, report_only=report_only)
+                        console=console, execute=execute, report_only=report_only, wide=wide,
+                        overwrite=overwrite, allow_recalibration=allow_recalibration)
     except DpflError as e:
         _fail(e)
+
+
+@app.command()
+def publish(
+    root: Path = typer.Option(Path("."), "--root", help="Repository root holding records/, README.md, docs/."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 where a block differs from records/."),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Also write docs/figures/TABLE.png."),
+) -> None:
+    """README headline table, docs/RESULTS.md tables and figures, generated from records/ only."""
+    from dpfl.experiments.publish import publish as publish_docs
+
+    try:
+        stale = publish_docs(root, console, check=check, figures=figures)
+    except DpflError as e:
+        _fail(e)
+    if check and stale:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -215,7 +278,9 @@ for _n, _m, _h in [("privacy", "dpfl.privacy.bench", "Time to account 10,000 rou
                    ("cs", "dpfl.compression.bench", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
                    ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus."),
                    ("attacks", "dpfl.attacks.bench", "Membership-inference advantage of FL-STD, FL-SIGN and their DP versions."),
-                   ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes.")]:
+                   ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes."),
+                   ("classic", "dpfl.classic.bench", "DP classical models: utility vs ε beside scikit-learn."),
+                   ("stats", "dpfl.stats.bench", "DP histograms: measured error vs the closed forms, keys released.")]:
     _mount_bench(_n, _m, _h)
 
 

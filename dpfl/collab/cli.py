@@ -109,7 +109,14 @@ def generate_cmd(
     t.add_column("value", justify="right")
     t.add_row("ε data-independent", f"{p['eps_data_independent']:.4f} at δ = {p['delta']:g}")
     t.add_row("ε data-dependent (raw, not private)", f"{p['eps_data_dependent']:.4f}")
-    if p["eps_data_dependent_released"] is not None:
+    if p["answered"] is not None:
+        t.add_row("queries answered", f"{p['answered']} of {rep['queries']}")
+    if p["eps_data_dependent_released"] is not None and p["release_order"] is not None:
+        t.add_row(
+            "ε data-dependent, smooth-sensitivity release",
+            f"{p['eps_data_dependent_released']:.4f} (order {p['release_order']:g}, includes its own RDP)",
+        )
+    elif p["eps_data_dependent_released"] is not None:
         t.add_row(
             "ε data-dependent, smooth-sensitivity release",
             f"{p['eps_data_dependent_released']:.4f} (release costs ({p['release_epsilon']:.3f}, δ))",

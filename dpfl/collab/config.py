@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpfl.errors import ConfigError
 
@@ -55,11 +56,16 @@ class GenerateSection(_Strict):
     # teachers: FedCollabNN workers (Alg. 2), or plain PATE teachers trained independently (lr η·w)
     teachers: Literal["fedcollab", "independent"] = "fedcollab"
     n_public: int = Field(1000, ge=1)  # unlabeled queries, taken from the test split
-    mechanism: Literal["lnmax", "gnmax"] = "lnmax"
-    noise: float = Field(0.05, gt=0)  # γ (lnmax) or σ (gnmax)
+    mechanism: Literal["lnmax", "gnmax", "confident-gnmax"] = "lnmax"
+    noise: float = Field(0.05, gt=0)  # γ (lnmax), σ (gnmax) or σ2 (confident-gnmax)
+    threshold: float | None = None  # confident-gnmax: answer only if max vote + N(0, σ1²) >= threshold
+    sigma1: float | None = Field(None, gt=0)
+    threshold_data_independent: bool = False  # confident-gnmax: charge the check α/(2σ1²) regardless
     delta: float = Field(1e-5, gt=0, lt=1)
     moments: int = Field(8, ge=1)
-    beta: float = Field(0.09, gt=0)
+    beta: float | None = Field(None, gt=0)  # smooth-sensitivity β; default 0.09 (lnmax), 0.4/order (gnmax)
+    order: float | None = Field(None, gt=1)  # gnmax types: Rényi order of the ε release
+    ss_sigma: float = Field(5.0, gt=0)  # gnmax types: release noise SS·N(0, ss_sigma²)
     out_dir: str = "generated"
     csv_features: bool = True
     os_randomness: bool = False  # True: vote noise keyed from the OS (deployment); False: from the seed
@@ -68,6 +74,17 @@ class GenerateSection(_Strict):
     student_epochs: int = Field(5, ge=1)
     student_lr: float = Field(0.05, gt=0)
     student_batch_size: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _confident(self):
+        confident = self.mechanism == "confident-gnmax"
+        if confident and (self.threshold is None or self.sigma1 is None):
+            raise ValueError("mechanism confident-gnmax needs threshold and sigma1")
+        if not confident and (self.threshold is not None or self.sigma1 is not None):
+            raise ValueError(f"threshold and sigma1 belong to confident-gnmax, not {self.mechanism}")
+        if self.threshold is not None and (math.isnan(self.threshold) or self.threshold == math.inf):
+            raise ValueError(f"threshold must be a number or -inf, got {self.threshold}")
+        return self
 
 
 class ExperimentConfig(_Strict):

@@ -2,7 +2,8 @@
 
 1. train K workers with FedCollabNN (Alg. 2) on disjoint shards (or independently: plain PATE);
 2. take `n_public` unlabeled inputs (a seeded part of the test split; the rest evaluates);
-3. every worker votes; the aggregator releases noisy-max labels (LNMax Lap(1/γ) or GNMax);
+3. every worker votes; the aggregator releases noisy-max labels (LNMax Lap(1/γ), GNMax, or
+   Confident-GNMax, which leaves out the queries whose noisy max vote is below its threshold);
 4. write the labelled set (NPZ and CSV) and a privacy report (data-independent and
    data-dependent ε at δ, the latter released by smooth sensitivity);
 5. optionally train a student on it (post-processing: no extra privacy cost).
@@ -28,8 +29,8 @@ from dpfl.collab.experiment import load_data, make_workers
 from dpfl.collab.fedcollab import predict_logits, train_losses
 from dpfl.errors import ConfigError
 from dpfl.models import build_model
-from dpfl.pate.analysis import analyze
-from dpfl.pate.votes import noisy_max, vote_counts
+from dpfl.pate.analysis import GaussianOptions, analyze
+from dpfl.pate.votes import UNANSWERED, confident_gnmax, noisy_max, vote_counts
 from dpfl.rng import CryptoRNG, Seeds
 
 
@@ -66,6 +67,10 @@ def write_csv(path: Path, index: np.ndarray, labels: np.ndarray, x: np.ndarray |
             w.writerow(row)
 
 
+def _mean(a: np.ndarray) -> float:
+    return float(np.mean(a)) if len(a) else float("nan")
+
+
 def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -> dict:
     """Run the whole pipeline; returns the privacy report (also written as privacy_report.json)."""
     g = cfg.generate
@@ -96,8 +101,12 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
     preds = np.stack([predict_logits(w.model, x_pub).argmax(1).numpy() for w in workers])  # [teachers, Q]
     counts = vote_counts(preds, ds.num_classes)
     rng = CryptoRNG() if g.os_randomness else seeds.crypto("generate", "votes")
-    labels = noisy_max(counts, g.mechanism, g.noise, rng)
+    if g.mechanism == "confident-gnmax":
+        labels = confident_gnmax(counts, g.threshold, g.sigma1, g.noise, rng)
+    else:
+        labels = noisy_max(counts, g.mechanism, g.noise, rng)
     release_rng = CryptoRNG() if g.os_randomness else seeds.crypto("generate", "release")
+    gauss = GaussianOptions(g.threshold, g.sigma1, g.threshold_data_independent, g.order, None, g.ss_sigma)
     rep = analyze(
         counts,
         labels=labels,
@@ -106,8 +115,12 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
         delta=g.delta,
         moments=g.moments,
         beta=g.beta,
-        rng=release_rng if g.mechanism == "lnmax" else None,
+        rng=release_rng,
+        gauss=gauss,
     )
+    keep = labels != UNANSWERED  # Confident-GNMax: only answered queries become data
+    pub, labels, counts = pub[torch.from_numpy(keep)], labels[keep], counts[keep]
+    x_pub = ds.x_test[pub]
     y_true = ds.y_test[pub].numpy()
     report = {
         "privacy": rep.to_dict(),
@@ -117,9 +130,11 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
         )
         + f", {c.epochs} epochs, disjoint equal shards",
         "queries": g.n_public,
-        "label_accuracy": float(np.mean(labels == y_true)),  # evaluation only: needs the true labels
-        "plurality_accuracy": float(np.mean(counts.argmax(1) == y_true)),
-        "teacher_accuracy": [float(np.mean(p == y_true)) for p in preds],
+        "answered": len(labels),
+        # evaluation only (needs the true labels), over the answered queries
+        "label_accuracy": _mean(labels == y_true),
+        "plurality_accuracy": _mean(counts.argmax(1) == y_true),
+        "teacher_accuracy": [_mean(p[keep] == y_true) for p in preds],
         "training_opened_losses": log.opened_values,
         "index": "rows of the dataset's test split as loaded (dataset, seed, n_test)",
         "caveats": [
@@ -128,7 +143,7 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
             "eps_data_dependent is raw (data-dependent); publish eps_data_dependent_released instead",
         ],
     }
-    if g.student_model:
+    if g.student_model and len(labels):
         report["student_model"] = g.student_model
         report["student_test_accuracy"] = train_student(
             cfg, x_pub, torch.from_numpy(labels), ds.x_test[rest], ds.y_test[rest]
@@ -139,7 +154,10 @@ def generate_dataset(cfg: ExperimentConfig, out_dir: str | Path | None = None) -
     x_np = x_pub.numpy()
     np.savez_compressed(out / "dataset.npz", x=x_np, y=labels.astype(np.int64), index=pub.numpy())
     write_csv(
-        out / "dataset.csv", pub.numpy(), labels, x_np.reshape(len(labels), -1) if g.csv_features else None
+        out / "dataset.csv",
+        pub.numpy(),
+        labels,
+        x_np.reshape(len(x_np), int(np.prod(x_np.shape[1:]))) if g.csv_features else None,
     )
     (out / "privacy_report.json").write_text(json.dumps(report, indent=2))
     report["files"] = [str(out / n) for n in ("dataset.npz", "dataset.csv", "privacy_report.json")]

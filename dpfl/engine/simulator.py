@@ -8,6 +8,7 @@ so a run resumed from a checkpoint continues bit-identically.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from dpfl.config import RunConfig, dump_config, load_config
+from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
 from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poisson
 from dpfl.engine.trainer import LocalTraining, Trainer
@@ -35,6 +37,7 @@ CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.toml"
 SUMMARY = "summary.json"
+RUN_FILES = (CONFIG, METRICS, CHECKPOINT, SUMMARY)
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Federation:
     num_classes: int
     source: str
     public: tuple[torch.Tensor, torch.Tensor] | None = None
+    dataset: str = ""  # the loader's name: what `data.dataset = "default"` resolved to
     sizes: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -57,6 +61,20 @@ class Federation:
         if (self.sizes == 0).any():
             raise DataError(f"{int((self.sizes == 0).sum())} clients have no data; use fewer clients "
                             "or another partition")
+
+    def record(self) -> dict[str, str]:
+        """Which data this is: the resolved dataset, its source, and a SHA-256 of the arrays and the
+        client partition (what a resumed run must see again)."""
+        h = hashlib.sha256()
+        arrays = [self.x, self.y, self.x_test, self.y_test, *(self.public or ())]
+        for t in arrays:
+            t = t.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+        for c in self.clients:
+            h.update(np.ascontiguousarray(c, dtype=np.int64).data)
+            h.update(b";")
+        return {"dataset": self.dataset, "source": self.source, "sha256": h.hexdigest()}
 
 
 def build_federation(cfg: RunConfig, seeds: Seeds) -> Federation:
@@ -85,28 +103,59 @@ def build_federation(cfg: RunConfig, seeds: Seeds) -> Federation:
         pub, rest = perm[: d.public_size], np.sort(perm[d.public_size :])
         public = (x_test[pub], y_test[pub])
         x_test, y_test = x_test[rest], y_test[rest]
-    dev = torch.device(cfg.run.device)
+    dev = device(cfg)
     return Federation(ds.x_train.to(dev), ds.y_train.to(dev), clients, x_test.to(dev), y_test.to(dev),
                       ds.task, ds.num_classes, ds.source,
-                      None if public is None else (public[0].to(dev), public[1].to(dev)))
+                      None if public is None else (public[0].to(dev), public[1].to(dev)), ds.name)
+
+
+def device(cfg: RunConfig) -> torch.device:
+    """`run.device`, if this torch can use it (ConfigError otherwise)."""
+    name = cfg.run.device
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"run.device = {name!r} but this torch ({torch.__version__}) has no usable CUDA "
+                              "device; use run.device = 'cpu'")
+        index = int(name.split(":", 1)[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"run.device = {name!r} but this machine has {torch.cuda.device_count()} "
+                              "CUDA device(s)")
+    return torch.device(name)
 
 
 def _best_metric(cfg: RunConfig, task: str) -> str:
     return cfg.eval.metric or ("balanced_accuracy" if task == "binary" else "accuracy")
 
 
+def is_run_dir(out: Path) -> bool:
+    """True if `out` holds files of a run (config, metrics, checkpoint or summary)."""
+    return any((out / f).exists() for f in RUN_FILES)
+
+
 class Simulation:
     """One federated run. `Simulation(cfg, out_dir).run()`; `Simulation.resume(out_dir).run()`."""
 
-    def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, log: Callable[[str], None] = print):
+    def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, log: Callable[[str], None] = print,
+                 overwrite: bool = False, *, _resuming: bool = False):
         self.cfg = cfg
         self.out = Path(out_dir) if out_dir else None
         self.log = log
+        # a new run onto an existing one replaces its files only when asked to
+        self._fresh = not _resuming
+        self._overwrite = overwrite
+        if self.out and self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"output directory {self.out} is a file")
+        if self.out and self._fresh and not overwrite and is_run_dir(self.out):
+            raise ConfigError(f"{self.out} already holds a run; resume it, choose another output directory, "
+                              "or overwrite it explicitly (dpfl run --overwrite)")
         self.seeds = Seeds(cfg.seed)
+        self.device = device(cfg)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self.device = torch.device(cfg.run.device)
         self.fed = build_federation(cfg, self.seeds)
+        if cfg.eval.metric not in (None, "accuracy") and self.fed.task != "binary":
+            raise ConfigError(f"eval.metric = {cfg.eval.metric!r} exists for binary tasks only; "
+                              f"{self.fed.dataset or cfg.data.dataset} is {self.fed.task}: use 'accuracy'")
         from dpfl.models import build_model
 
         self.model = build_model(cfg.model.name, seed=self.seeds.seed("model"), **cfg.model.options).to(self.device)
@@ -135,6 +184,7 @@ class Simulation:
         self.best: dict[str, Any] | None = None
         self.stopped_reason: str | None = None
         self._setup_done = False
+        self._data_record: dict[str, str] | None = None
 
     # ---- construction -------------------------------------------------------------
     def _scheme_env(self) -> dict[str, Any]:
@@ -142,7 +192,7 @@ class Simulation:
                 "cohort_size": self.cfg.cohort_size(), "n_clients": self.cfg.data.n_clients,
                 "train": self.cfg.train, "privacy": self.cfg.privacy, "seed": self.cfg.seed,
                 "sampling_rate": self.cfg.sampling_rate(), "rounds": self.cfg.federation.rounds,
-                "dropout": self.cfg.federation.dropout}
+                "dropout": self.cfg.federation.dropout, "sampling": self.cfg.accounted_sampling()}
 
     def _setup(self) -> None:
         if self._setup_done:
@@ -163,7 +213,29 @@ class Simulation:
 
         p = self.cfg.privacy
         budget = Budget(epsilon=p.target_epsilon, delta=p.delta) if p.target_epsilon else None
-        return Ledger(accountant=p.accountant, budget=budget)
+        return Ledger(accountant=p.accountant, neighbouring=self.epsilon_neighbouring(), budget=budget)
+
+    def epsilon_sampling(self) -> str:
+        """How ε accounts client selection: poisson | without-replacement | none."""
+        return self.scheme.privacy_sampling or self.cfg.accounted_sampling()
+
+    def epsilon_neighbouring(self) -> str:
+        return "replace_one" if self.epsilon_sampling() == "without-replacement" else "add_remove"
+
+    def accounting_note(self) -> str:
+        """One line: which sampling and neighbouring relation the reported ε is for."""
+        n, k, s = self.cfg.data.n_clients, self.cfg.cohort_size(), self.epsilon_sampling()
+        rel = {"add_remove": "add/remove-one", "replace_one": "replace-one"}[self.epsilon_neighbouring()]
+        if s == "without-replacement":
+            what = f"{k} of {n} clients sampled without replacement"
+        elif s == "none":
+            what = "no amplification by client sampling"
+        else:
+            what = f"Poisson sampling of clients, q = {k}/{n}"
+            if self.cfg.federation.sampling == "fixed":
+                what += (f" (assumed: the run draws a fixed cohort of {k}; "
+                         "privacy.sampling_assumption = 'poisson')")
+        return f"privacy: ε ({self.cfg.privacy.accountant}) assumes {what}; {rel} neighbours"
 
     # ---- one round ----------------------------------------------------------------
     def _cohort(self, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -302,6 +374,7 @@ class Simulation:
         rec_m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
         if self.ledger is not None:
             rec_m["epsilon"] = self.ledger.epsilon(self.cfg.privacy.delta)
+            rec_m["epsilon_sampling"] = self.epsilon_sampling()
         if r % self.cfg.eval.every == 0 or r == self.cfg.federation.rounds:
             t1 = time.perf_counter()
             self.flat.load_into(self.model, self.w)
@@ -328,13 +401,32 @@ class Simulation:
             self.best["metric"] = key
 
     # ---- driving ------------------------------------------------------------------
+    def data_record(self) -> dict[str, str]:
+        """`Federation.record()` of this run's data (computed once)."""
+        if self._data_record is None:
+            self._data_record = self.fed.record()
+        return self._data_record
+
+    def sigmas(self) -> list[float | None]:
+        """Each step's noise multiplier σ (None for steps without one)."""
+        return [getattr(s, "sigma", None) for s in self.scheme.steps]
+
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         self._setup()
         if self.out:
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / CONFIG).write_text(dump_config(self.cfg))
-            if self.round == 0:
+            if self._fresh:
+                if self._overwrite:
+                    for f in (*RUN_FILES, CHECKPOINT + ".tmp"):
+                        (self.out / f).unlink(missing_ok=True)
                 (self.out / METRICS).write_text("")
+                self._fresh = False
+            d = self.data_record()
+            source = d["source"].replace("\n", " ")
+            ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), "
+                                               f"sha256 {d['sha256']}\n" + dump_config(self.cfg))
+        if self.ledger is not None:
+            self.log(self.accounting_note())
         total = self.cfg.federation.rounds
         while self.round < total:
             try:
@@ -354,59 +446,139 @@ class Simulation:
             self.save_checkpoint()
         summary = self.summary()
         if self.out:
-            (self.out / SUMMARY).write_text(json.dumps(summary, indent=2))
+            ckpt.write_text(self.out / SUMMARY, json.dumps(summary, indent=2))
         return summary
 
     def summary(self) -> dict[str, Any]:
         return {"machine": machine(self.device), "name": self.cfg.name, "scheme": self.scheme.name,
                 "describe": self.scheme.describe(),
-                "dataset": self.fed.source, "n_params": self.flat.n, "rounds_run": self.round,
+                "dataset": self.fed.source, "data": self.data_record(), "n_params": self.flat.n,
+                "rounds_run": self.round,
                 "best": self.best, "stopped": self.stopped_reason,
                 "epsilon_final": None if self.ledger is None else self.ledger.epsilon(self.cfg.privacy.delta),
-                "delta": self.cfg.privacy.delta if self.ledger is not None else None}
+                "delta": self.cfg.privacy.delta if self.ledger is not None else None,
+                **({} if self.ledger is None else {"epsilon_sampling": self.epsilon_sampling(),
+                                                   "epsilon_neighbouring": self.epsilon_neighbouring(),
+                                                   "epsilon_note": self.accounting_note()})}
 
     # ---- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "w": self.w.cpu(), "scheme": self.scheme.state_dict(),
                 "attack": None if self.attack is None else self.attack.state_dict(),
                 "ledger": None if self.ledger is None else self.ledger.state_dict(),
-                "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason}
+                "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason,
+                "sigmas": self.sigmas(), "data": self.data_record()}
 
     def save_checkpoint(self) -> None:
-        tmp = self.out / (CHECKPOINT + ".tmp")
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, self.out / CHECKPOINT)
+        ckpt.save(self.state_dict(), self.out / CHECKPOINT)
 
-    def load_state_dict(self, st: dict[str, Any]) -> None:
+    def load_state_dict(self, st: dict[str, Any], source: str = "checkpoint") -> None:
+        """Restore from `state_dict()` output; DataError naming `source` if it does not fit this run."""
         self._setup()
-        self.round = st["round"]
-        self.w = st["w"].to(self.device)
-        self.scheme.load_state_dict(st["scheme"])
-        if self.attack is not None and st.get("attack") is not None:
-            self.attack.load_state_dict(st["attack"])
-        if st["ledger"] is not None:
-            self.ledger.load_state_dict(st["ledger"])
-        self.cum = dict(st["cum"])
-        self.best = st["best"]
-        self.stopped_reason = st.get("stopped")
+        w = st.get("w")
+        if not isinstance(st.get("round"), int) or isinstance(st.get("round"), bool) or st["round"] < 0:
+            raise DataError(f"{source}: 'round' must be an integer >= 0, got {st.get('round')!r}")
+        if not isinstance(w, torch.Tensor) or w.shape != self.w.shape or not w.is_floating_point():
+            what = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            raise DataError(f"{source}: model weights 'w' are {what}, this run's model has ({self.flat.n},)")
+        if (st.get("ledger") is None) != (self.ledger is None):
+            raise DataError(f"{source}: {'no' if self.ledger is not None else 'a'} privacy ledger, but this run's "
+                            f"scheme {'has' if self.ledger is not None else 'has none'}")
+        try:
+            self.round = st["round"]
+            self.w = w.to(self.device, self.w.dtype)
+            self.scheme.load_state_dict(st["scheme"])
+            if self.attack is not None and st.get("attack") is not None:
+                self.attack.load_state_dict(st["attack"])
+            if st["ledger"] is not None:
+                self.ledger.load_state_dict(st["ledger"])
+            self.cum = {k: type(v)(st["cum"][k]) for k, v in self.cum.items()}
+            self.best = st["best"]
+            self.stopped_reason = st.get("stopped")
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+            raise DataError(f"{source}: does not fit this run ({type(e).__name__}: {e})") from None
+        self._fresh = False
 
     @classmethod
-    def resume(cls, out_dir: str | Path, log: Callable[[str], None] = print,
-               rounds: int | None = None) -> Simulation:
+    def resume(cls, out_dir: str | Path, log: Callable[[str], None] = print, rounds: int | None = None,
+               allow_recalibration: bool = False) -> Simulation:
+        """Continue the run in `out_dir` from its checkpoint (optionally to `rounds` rounds in total).
+
+        Refuses (DpflError) a checkpoint that is not plain data or is corrupt, data that differ from
+        the run's, fewer rounds than already run, and a noise multiplier σ that changed (e.g. one that
+        `rounds` re-calibrates) unless `allow_recalibration`."""
         out = Path(out_dir)
         if not (out / CONFIG).is_file() or not (out / CHECKPOINT).is_file():
             raise ConfigError(f"{out} is not a resumable run directory (needs {CONFIG} and {CHECKPOINT})")
         cfg = load_config(out / CONFIG)
+        st = ckpt.load(out / CHECKPOINT)
+        metrics = _read_metrics(out / METRICS)
+        done = st.get("round")
         if rounds is not None:
+            if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+                raise ConfigError(f"the total number of rounds must be an integer >= 1, got {rounds!r}")
+            if isinstance(done, int) and rounds < done:
+                raise ConfigError(f"{out} has already run {done} rounds; the total number of rounds must be "
+                                  f">= {done}, got {rounds}")
             cfg.federation.rounds = rounds
-        sim = cls(cfg, out, log)
-        st = torch.load(out / CHECKPOINT, weights_only=False)
-        sim.load_state_dict(st)
-        # drop metric lines written after the checkpoint
-        lines = (out / METRICS).read_text().splitlines() if (out / METRICS).exists() else []
-        kept = [ln for ln in lines if ln and json.loads(ln)["round"] <= sim.round]
-        (out / METRICS).write_text("".join(ln + "\n" for ln in kept))
+        sim = cls(cfg, out, log, _resuming=True)
+        sim.load_state_dict(st, str(out / CHECKPOINT))
+        was, now = st.get("data"), sim.data_record()
+        if was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
+            raise DataError(f"{out}: the data differ from the run's: it used {was.get('dataset')} "
+                            f"(sha256 {str(was.get('sha256'))[:12]}), now {now['dataset']} (sha256 "
+                            f"{now['sha256'][:12]}); refusing to resume on other data")
+        if was is None:
+            log(f"note: {out / CHECKPOINT} predates data records: the data could not be checked")
+        planned = load_config(out / CONFIG).federation.rounds
+        old = st.get("sigmas")
+        if old is None and cfg.federation.rounds != planned:
+            old = sim._sigmas_for_rounds(planned)
+        if old is not None and old != sim.sigmas():
+            change = ", ".join(f"{a} -> {b}" for a, b in zip(old, sim.sigmas()) if a != b)
+            why = (f"with {cfg.federation.rounds} rounds instead of {planned}" if cfg.federation.rounds != planned
+                   else "(the calibration differs from the one the run used)")
+            if not allow_recalibration:
+                raise ConfigError(f"resuming {out} {why} would change the noise multiplier σ ({change}); "
+                                  "pass --allow-recalibration to accept that")
+            log(f"σ re-calibrated on resume {why}: {change}")
+        kept = [ln for ln, r in metrics if r <= sim.round]  # drop metric lines written after the checkpoint
+        if (out / METRICS).exists():
+            ckpt.write_text(out / METRICS, "".join(ln + "\n" for ln in kept))
         return sim
+
+    def _sigmas_for_rounds(self, rounds: int) -> list[float | None]:
+        """The σ of each step had the scheme been built for `rounds` rounds."""
+        env = {**self._scheme_env(), "rounds": rounds}
+        return [getattr(s, "sigma", None) for s in build_scheme(self.cfg.scheme.name, dict(self.cfg.scheme.options),
+                                                                env).steps]
+
+
+def _read_metrics(path: Path) -> list[tuple[str, int]]:
+    """(line, round) of each metrics record. A last line cut short (a kill during an append) is
+    dropped; a bad line before it is a DataError naming the file and line."""
+    if not path.exists():
+        return []
+    lines = path.read_bytes().decode("utf-8", "surrogateescape").split("\n")  # bad bytes: a bad line
+    complete = lines[-1] == ""  # the file ends with a newline
+    lines = lines[:-1] if complete else lines
+    out = []
+    for i, ln in enumerate(lines, 1):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+        except ValueError as e:
+            if i == len(lines) and not complete:
+                break  # partial last line
+            raise DataError(f"{path}: line {i} is not JSON ({e})") from None
+        r = rec.get("round") if isinstance(rec, dict) else None
+        if not isinstance(r, int):
+            if i == len(lines) and not complete:
+                break
+            raise DataError(f"{path}: line {i} is not a metrics record (no integer 'round')")
+        out.append((ln, r))
+    return out
 
 
 def _drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, RoundContext, int]:

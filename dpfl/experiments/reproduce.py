@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, DataError
 
 UNITS = {"KB": 1e3, "MB": 1e6, "Mbit": 1e6 / 8, "B": 1.0}
 
@@ -48,10 +48,8 @@ def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
 
 def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, overrides: list[str],
                     accountant: str | None, console: Console, execute: Callable,
-                    report_only: bool = False) -> list[dict]:
-    from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
-
+                    report_only: bool = False, wide: bool = False, overwrite: bool = False,
+                    allow_recalibration: bool = False) -> list[dict]:
     thesis, all_rows = table_rows(table)
     chosen = rows or list(all_rows)
     unknown = [r for r in chosen if r not in all_rows]
@@ -59,7 +57,10 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
         raise ConfigError(f"table {table}: unknown row(s) {unknown}; rows: {', '.join(all_rows)}")
     base = out / (table + (f"-{accountant}" if accountant else ""))
     if report_only:
-        return report_table(table, thesis, chosen, base, console)
+        return report_table(table, thesis, chosen, base, console, wide)
+    from dpfl.config import load_config
+    from dpfl.engine.simulator import CHECKPOINT, Simulation, is_run_dir
+
     sets = list(overrides)
     if rounds is not None:
         sets.append(f"federation.rounds={rounds}")
@@ -71,38 +72,85 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
         try:
             cfg = load_config(all_rows[row], sets)
             summary_file = run_dir / "summary.json"
-            if summary_file.is_file():
-                s = json.loads(summary_file.read_text())
+            if not overwrite and summary_file.is_file():
+                try:
+                    s = json.loads(summary_file.read_text())
+                except (ValueError, OSError) as e:
+                    raise DataError(f"{summary_file}: not readable JSON ({e}); --overwrite starts the row over") \
+                        from None
                 if s.get("rounds_run") == cfg.federation.rounds or s.get("stopped"):
-                    console.print(f"[dim]{row}: done earlier ({run_dir})[/dim]")
-                    results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds},
+                    diff = config_differences(cfg, run_dir)
+                    note = f"; made with a different config ({', '.join(diff)})" if diff else ""
+                    console.print(f"[dim]{row}: done earlier ({run_dir}){escape(note)}[/dim]")
+                    results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
+                                                            "rounds_full": full_rounds(table, row)},
                                     "dir": str(run_dir)})
                     continue
-            if (run_dir / "checkpoint.pt").is_file():
-                sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds)
+            if not overwrite and (run_dir / CHECKPOINT).is_file():
+                diff = config_differences(cfg, run_dir)
+                if diff:
+                    raise ConfigError(f"{run_dir} was run with a different config ({', '.join(diff)}); "
+                                      "a resumed row keeps its own: use another --out, or --overwrite")
+                sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds,
+                                        allow_recalibration=allow_recalibration)
                 console.print(f"{row}: resuming at round {sim.round}")
             else:
-                sim = Simulation(cfg, run_dir, log=console.print)
-        except ConfigError as e:  # e.g. a scheme that refuses the requested accountant: skip the row
-            console.print(f"[yellow]{row}: skipped: {e}[/yellow]")
+                if not overwrite and is_run_dir(run_dir):
+                    raise ConfigError(f"{run_dir} holds a run without a checkpoint to resume from; "
+                                      "--overwrite starts it over")
+                sim = Simulation(cfg, run_dir, log=console.print, overwrite=overwrite)
+        except (ConfigError, DataError) as e:  # e.g. a scheme refusing the accountant, a refused resume
+            console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
             results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
             continue
         console.print(f"{row}: {sim.scheme.describe()}")
         s = execute(sim, row)
-        results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds},
-                        "dir": str(run_dir)})
-    compare = print_comparison(table, thesis, results, console)
+        results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
+                                                "rounds_full": full_rounds(table, row)}, "dir": str(run_dir)})
+    compare = print_comparison(table, thesis, results, console, wide)
     base.mkdir(parents=True, exist_ok=True)
     (base / "results.json").write_text(json.dumps(compare, indent=2))
     from dpfl.experiments.report import load_run, write_plots
 
     ran = [r for r in results if "skipped" not in r["summary"]]
-    write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in ran], base, console)
+    write_plots([(Path(r["dir"]), *load_run(Path(r["dir"]))) for r in ran], base, console,
+                [r["row"] for r in ran])
     return compare
 
 
-def report_table(table: str, thesis: dict, chosen: list[str], base: Path, console: Console) -> list[dict]:
-    """Measured vs thesis from existing run directories under `base`; rows never run are listed as such."""
+# settings that change how fast a row runs or how often it checkpoints, not what it computes
+_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.checkpoint_every", "run.max_cohort")
+
+
+def config_differences(cfg, run_dir: Path) -> list[str]:
+    """Keys (a.b.c) where `cfg` differs from the config.toml in `run_dir`, resource settings aside."""
+    from dpfl.config import load_config
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and not k.endswith("options"):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[prefix + k] = v
+        return out
+
+    a = flat(cfg.model_dump(mode="json"))
+    b = flat(load_config(run_dir / "config.toml").model_dump(mode="json"))
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in _RESOURCE_KEYS)
+
+
+
+def full_rounds(table: str, row: str) -> int:
+    """The row's full length: the rounds of its config in the table (a run may have been shortened)."""
+    from dpfl.config import load_config
+
+    return load_config(table_rows(table)[1][row]).federation.rounds
+
+
+def collect_runs(table: str, base: Path, chosen: list[str]) -> tuple[list[dict], list[str]]:
+    """The run directories of `chosen` rows of `table` under `base` (finished or partial), and the rows
+    never run."""
     from dpfl.config import load_config
     from dpfl.experiments.report import load_run
 
@@ -115,12 +163,20 @@ def report_table(table: str, thesis: dict, chosen: list[str], base: Path, consol
         summary, metrics = load_run(run_dir)
         summary.setdefault("rounds_run", len(metrics))
         summary["rounds_planned"] = load_config(run_dir / "config.toml").federation.rounds
-        results.append({"row": row, "summary": summary, "dir": str(run_dir)})
+        summary["rounds_full"] = full_rounds(table, row)
+        results.append({"row": row, "summary": summary, "dir": str(run_dir), "metrics": metrics})
+    return results, missing
+
+
+def report_table(table: str, thesis: dict, chosen: list[str], base: Path, console: Console,
+                 wide: bool = False) -> list[dict]:
+    """Measured vs thesis from existing run directories under `base`; rows never run are listed as such."""
+    results, missing = collect_runs(table, base, chosen)
     if not results:
         raise ConfigError(f"no run of {table} under {base}; run it with `dpfl reproduce {table}`")
-    compare = print_comparison(table, thesis, results, console)
+    compare = print_comparison(table, thesis, results, console, wide)
     if missing:
-        console.print(f"not run yet: {', '.join(missing)}")
+        console.print(f"not run yet: {', '.join(missing)}", highlight=False)
     return compare
 
 
@@ -129,31 +185,19 @@ EXTRA = (("source_accuracy", "source_accuracy", "source acc"), ("attack_success"
          ("step_up_bits_per_value", "bits", "bits/param"))
 
 
-def print_comparison(table: str, thesis: dict, results: list[dict], console: Console) -> list[dict]:
-    unit = thesis.get("_table", {}).get("unit", "KB")
-    scale = UNITS[unit]
-    t = Table(title=f"{table}: measured vs thesis (costs: cumulative {unit} per client of the population, "
-                    "at the best round)")
-    extra = [(k, tk, label) for k, tk, label in EXTRA
-             if any(k in (r["summary"].get("best") or {}) or tk in thesis.get(r["row"], {}) for r in results)]
-    cols = ["row", "rounds run", "metric", "measured", "thesis", "Δ", "round", "thesis round", f"up {unit}",
-            f"formula up {unit}", f"thesis up {unit}", f"down {unit}", f"thesis down {unit}", "ε", "thesis ε"]
-    for _, _, label in extra:
-        cols += [label, f"thesis {label}"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("row", "metric") else "right")
+def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
+    """Measured vs thesis, one dict per row (costs in the table's unit). `complete`: run to the row's full
+    length (`rounds_full`, the table's config; a run shortened by --rounds is not) and not stopped early;
+    `delta` only for a complete row compared on the thesis's own dataset."""
+    scale = UNITS[thesis.get("_table", {}).get("unit", "KB")]
     out = []
-
-    def f(v, p=4):
-        return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
-
     for r in results:
         th = thesis.get(r["row"], {})
-        if "skipped" in r["summary"]:
-            out.append({"row": r["row"], "skipped": r["summary"]["skipped"], "dir": r["dir"]})
-            t.add_row(r["row"], "-", "skipped", *["-"] * (len(cols) - 3))
+        s = r["summary"]
+        if "skipped" in s:
+            out.append({"row": r["row"], "skipped": s["skipped"], "dir": r["dir"]})
             continue
-        b = r["summary"].get("best") or {}
+        b = s.get("best") or {}
         key = b.get("metric", "accuracy")
         meas = b.get(key)
         ref = th.get(key, th.get("accuracy"))
@@ -162,27 +206,69 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
             v = b.get(k)
             return None if v is None else v / scale
 
-        row = {"row": r["row"], "metric": key, "measured": meas, "thesis": ref, "round": b.get("round"),
+        ran, planned = s.get("rounds_run"), s.get("rounds_planned")
+        full = s.get("rounds_full", planned)
+        complete = (full is None or ran == full) and not s.get("stopped")
+        comparable = th.get("dataset", "fashion-mnist") == "fashion-mnist"
+        row = {"row": r["row"], "metric": key, "measured": meas, "thesis": ref,
+               "delta": meas - ref if complete and comparable and None not in (meas, ref) else None,
+               "complete": complete, "stopped": s.get("stopped"), "thesis_dataset": th.get("dataset"),
+               "thesis_converged": th.get("converged"), "round": b.get("round"),
                "thesis_round": th.get("round"), "up": per("cum_up_bytes_per_client"),
                "formula_up": per("formula_up_bytes_per_client"), "thesis_up": th.get("up"),
                "down": per("cum_down_bytes_per_client"), "thesis_down": th.get("down"),
                "epsilon": b.get("epsilon"), "thesis_epsilon": th.get("epsilon"), "dir": r["dir"],
-               "rounds_run": r["summary"].get("rounds_run")}
-        ran, planned = r["summary"].get("rounds_run"), r["summary"].get("rounds_planned")
+               "rounds_run": ran}
         if planned is not None:
             row["rounds_planned"] = planned
-        cells = [r["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), key, f(meas), f(ref),
-                 "-" if meas is None or ref is None else f"{meas - ref:+.3f}",
-                 f(row["round"]), f(row["thesis_round"]), f(row["up"], 2), f(row["formula_up"], 2),
-                 f(row["thesis_up"], 2), f(row["down"], 2), f(row["thesis_down"], 2), f(row["epsilon"], 3),
-                 f(row["thesis_epsilon"], 2)]
-        for k, tk, _ in extra:
+        if full is not None:
+            row["rounds_full"] = full
+        for k, tk, _ in EXTRA:
             row[k], row[f"thesis_{tk}"] = b.get(k), th.get(tk)
-            cells += [f(b.get(k)), f(th.get(tk))]
         out.append(row)
-        t.add_row(*cells)
-    width = console.width
-    console.width = max(width, 220)  # a wide table: never truncate numbers, also when piped to a file
-    console.print(t)
-    console.width = width
     return out
+
+
+def print_comparison(table: str, thesis: dict, results: list[dict], console: Console,
+                     wide: bool = False) -> list[dict]:
+    """Print `compare_rows` as a table that fits the terminal (all columns with `wide` or into a file)."""
+    from dpfl.experiments.report import human_bytes, print_fitted
+
+    unit = thesis.get("_table", {}).get("unit", "KB")
+    rows = compare_rows(thesis, results)
+    extra = [(k, tk, label) for k, tk, label in EXTRA
+             if any(r.get(k) is not None or r.get(f"thesis_{tk}") is not None for r in rows)]
+    # (header, drop order when narrow: 0 = always kept)
+    u = "/ client" if unit == "B" else unit
+    cols = [("row", 0), ("rounds run", 0), ("metric", 9), ("measured", 0), ("thesis", 0), ("Δ", 0), ("round", 0),
+            ("thesis round", 6), (f"up {u}", 0), (f"formula up {u}", 10), (f"thesis up {u}", 5),
+            (f"down {u}", 8), (f"thesis down {u}", 8), ("ε", 0), ("thesis ε", 7)]
+    for _, _, label in extra:
+        cols += [(label, 0), (f"thesis {label}", 4)]
+
+    def f(v, p=4):
+        return "-" if v is None else (f"{v:,.{p}f}" if isinstance(v, float) else str(v))
+
+    def cost(v):  # a table without a cost unit of its own (unit B): KB / MB
+        return human_bytes(v) if unit == "B" and v is not None else f(v, 2)
+
+    cells = []
+    for row in rows:
+        if "skipped" in row:
+            cells.append([row["row"], "-", "skipped", *["-"] * (len(cols) - 3)])
+            continue
+        ran, planned = row["rounds_run"], row.get("rounds_full")
+        delta = f"{row['delta']:+.3f}" if row["delta"] is not None else (
+            "cut short" if not row["complete"] else "-")
+        c = [row["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), row["metric"],
+             f(row["measured"]), f(row["thesis"]), delta, f(row["round"]), f(row["thesis_round"]),
+             cost(row["up"]), cost(row["formula_up"]), cost(row["thesis_up"]), cost(row["down"]),
+             cost(row["thesis_down"]), f(row["epsilon"], 3), f(row["thesis_epsilon"], 2)]
+        for k, tk, _ in extra:
+            c += [f(row[k]), f(row[f"thesis_{tk}"])]
+        cells.append(c)
+    dropped = print_fitted(console, f"{table}: measured vs thesis", cols, cells, wide)
+    console.print(f"costs: cumulative {'bytes' if unit == 'B' else unit} per client of the population, "
+                  "at the best round"
+                  + (f"; not shown for width: {', '.join(dropped)} (--wide)" if dropped else ""), highlight=False)
+    return rows

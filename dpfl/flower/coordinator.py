@@ -165,6 +165,7 @@ class Coordinator:
         m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
         if sim.ledger is not None:
             m["epsilon"] = sim.ledger.epsilon(cfg.privacy.delta)
+            m["epsilon_sampling"] = sim.epsilon_sampling()
         if r % cfg.eval.every == 0 or r == cfg.federation.rounds:
             sim.flat.load_into(sim.model, sim.w)
             m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
@@ -307,6 +308,8 @@ class Coordinator:
         if self.out:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / METRICS).write_text("")
+        if self.sim.ledger is not None:
+            self.log(self.sim.accounting_note())
         while self.sim.round < self.cfg.federation.rounds:
             try:
                 m = self.step_round()
@@ -324,6 +327,10 @@ class Coordinator:
                    "rounds_run": self.sim.round, "stopped": self.sim.stopped_reason,
                    "epsilon_final": None if self.sim.ledger is None else self.sim.ledger.epsilon(self.cfg.privacy.delta),
                    "reproducible": self.reproducible}
+        if self.sim.ledger is not None:
+            summary.update(epsilon_sampling=self.sim.epsilon_sampling(),
+                           epsilon_neighbouring=self.sim.epsilon_neighbouring(),
+                           epsilon_note=self.sim.accounting_note())
         if self.out:
             torch.save({"round": self.sim.round, "w": self.sim.w.cpu()}, self.out / MODEL)
             (self.out / SUMMARY).write_text(json.dumps(summary, indent=2))

@@ -51,7 +51,7 @@ def scheme_env(cfg: RunConfig, n_params: int) -> dict[str, Any]:
     return {"n_params": n_params, "cohort_size": cfg.cohort_size(), "n_clients": cfg.data.n_clients,
             "train": cfg.train, "privacy": cfg.privacy, "seed": cfg.seed,
             "sampling_rate": cfg.sampling_rate(), "rounds": cfg.federation.rounds,
-            "dropout": cfg.federation.dropout}
+            "dropout": cfg.federation.dropout, "sampling": cfg.accounted_sampling()}
 
 
 def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:

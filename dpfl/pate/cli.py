@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpfl.errors import DataError, DpflError
-from dpfl.pate.analysis import analyze
+from dpfl.pate.analysis import GaussianOptions, analyze
 from dpfl.pate.votes import vote_counts
 from dpfl.rng import CryptoRNG, Seeds
 
@@ -96,11 +96,29 @@ def analyze_cmd(
     labels: Annotated[
         Path | None, typer.Option(help="released labels, one per queried index (.npy/.csv)")
     ] = None,
-    mechanism: str = typer.Option("lnmax", help="lnmax (noise = γ, Laplace 1/γ) or gnmax (noise = σ)"),
-    noise: float = typer.Option(0.05, help="γ for lnmax, σ for gnmax"),
+    mechanism: str = typer.Option(
+        "lnmax",
+        "--mechanism",
+        "--aggregator",
+        help="lnmax (noise = γ, Laplace 1/γ), gnmax (noise = σ) or confident-gnmax (noise = σ2)",
+    ),
+    noise: float = typer.Option(0.05, help="γ for lnmax, σ for gnmax, σ2 for confident-gnmax"),
+    threshold: float = typer.Option(
+        None, help="confident-gnmax: threshold T of step 1 (-inf: always answer)"
+    ),
+    sigma1: float = typer.Option(None, help="confident-gnmax: σ1 of step 1"),
+    threshold_data_independent: bool = typer.Option(
+        False, help="confident-gnmax: charge step 1 data-independently (α/(2σ1²))"
+    ),
+    order: float = typer.Option(
+        None, help="gnmax types: Rényi order of the release (default: data-dependent optimum)"
+    ),
+    ss_sigma: float = typer.Option(5.0, help="gnmax types: σ_s of the release noise SS·N(0, σ_s²)"),
     delta: float = typer.Option(1e-5, help="target δ"),
     moments: int = typer.Option(8, help="lnmax: moments l = 1..moments"),
-    beta: float = typer.Option(0.09, help="lnmax: smoothness β of the smooth-sensitivity release"),
+    beta: float = typer.Option(
+        None, help="smoothness β of the release (default: lnmax 0.09, gnmax 0.4/order)"
+    ),
     num_classes: int = typer.Option(None, help="number of classes (default: largest prediction + 1)"),
     seed: int = typer.Option(None, help="seed the release noise (simulation); default: OS randomness"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
@@ -122,7 +140,8 @@ def analyze_cmd(
             delta=delta,
             moments=moments,
             beta=beta,
-            rng=rng if mechanism == "lnmax" else None,
+            rng=rng,
+            gauss=GaussianOptions(threshold, sigma1, threshold_data_independent, order, None, ss_sigma),
         )
     except DpflError as e:
         typer.echo(f"error: {e}", err=True)
@@ -140,7 +159,23 @@ def analyze_cmd(
         "ε data-dependent (raw, not private)",
         f"{report.eps_data_dependent:.4f} (order {report.order_data_dependent:g})",
     )
-    if report.eps_data_dependent_released is not None:
+    if report.answered is not None:
+        t.add_row("queries answered (charged for noisy argmax)", f"{report.answered}")
+    if report.release_order is not None and report.eps_data_dependent_released is not None:
+        t.add_row(
+            f"ε data-dependent at release order {report.release_order:g} (raw)",
+            f"{report.eps_data_dependent_at_order:.4f}",
+        )
+        t.add_row(
+            "ε data-dependent, smooth-sensitivity release",
+            f"{report.eps_data_dependent_released:.4f}",
+        )
+        t.add_row(
+            "  release (GNSS)",
+            f"SS = {report.smooth_sensitivity:.4g}, β = {report.beta:.4g}, σ_s = {report.ss_sigma:g}, "
+            f"own RDP {report.release_rdp:.4f} (included)",
+        )
+    elif report.eps_data_dependent_released is not None:
         t.add_row("ε data-dependent, smooth-sensitivity release", f"{report.eps_data_dependent_released:.4f}")
         t.add_row(
             "  release cost",

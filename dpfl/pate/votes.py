@@ -1,4 +1,4 @@
-"""Teacher votes and the two noisy-max aggregators (LNMax, GNMax)."""
+"""Teacher votes and the noisy-max aggregators (LNMax, GNMax, Confident-GNMax)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dpfl.errors import DataError, PrivacyError
 from dpfl.pate.noise import gaussian, laplace
 from dpfl.rng import CryptoRNG
 
-MECHANISMS = ("lnmax", "gnmax")
+MECHANISMS = ("lnmax", "gnmax", "confident-gnmax")
+UNANSWERED = -1  # Confident-GNMax label of a query whose threshold check failed
 
 
 def vote_counts(teacher_preds: np.ndarray, num_classes: int | None = None) -> np.ndarray:
@@ -56,6 +57,31 @@ def noisy_max(counts: np.ndarray, mechanism: str, noise: float | np.ndarray, rng
     elif mechanism == "gnmax":
         sigma = noise_per_query(noise, len(counts), "GNMax σ")
         noisy = counts + gaussian(rng, counts.shape, sigma[:, None])
+    elif mechanism == "confident-gnmax":
+        raise PrivacyError("confident-gnmax needs a threshold and σ1: use confident_gnmax()")
     else:
         raise PrivacyError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
     return noisy.argmax(axis=1)
+
+
+def check_threshold(threshold: float, sigma1: float) -> None:
+    """Confident-GNMax's step-1 parameters: T a number (−inf = always answer), σ1 > 0 and finite."""
+    if not isinstance(threshold, (int, float)) or np.isnan(threshold) or threshold == np.inf:
+        raise PrivacyError(f"Confident-GNMax threshold T must be a number or -inf, got {threshold!r}")
+    if not isinstance(sigma1, (int, float)) or not 0 < sigma1 < np.inf:
+        raise PrivacyError(f"Confident-GNMax σ1 must be > 0 and finite, got {sigma1!r}")
+
+
+def confident_gnmax(
+    counts: np.ndarray, threshold: float, sigma1: float, sigma2: float | np.ndarray, rng: CryptoRNG
+) -> np.ndarray:
+    """Algorithm 1 of Papernot et al. 2018: per row, if max(counts) + N(0, σ1²) ≥ T release
+    argmax(counts + N(0, σ2²)), else `UNANSWERED` (−1)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.ndim != 2:
+        raise DataError(f"counts must be [queries, classes], got shape {counts.shape}")
+    check_threshold(threshold, sigma1)
+    sigma2 = noise_per_query(sigma2, len(counts), "GNMax σ2")
+    answered = counts.max(axis=1) + gaussian(rng, len(counts), sigma1) >= threshold
+    labels = (counts + gaussian(rng, counts.shape, sigma2[:, None])).argmax(axis=1)
+    return np.where(answered, labels, UNANSWERED)

@@ -7,6 +7,7 @@ from dpfl.privacy.calibration import (
     calibrate_sigma,
     classic_gaussian_sigma,
     epsilon_for,
+    epsilon_without_replacement,
     laplace_scale,
 )
 from dpfl.privacy.composition import (
@@ -32,6 +33,7 @@ from dpfl.privacy.events import (
     LaplaceEvent,
     PureDPEvent,
     SampledGaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
     SelfComposedEvent,
     ZCDPEvent,
     event_from_dict,
@@ -52,6 +54,7 @@ __all__ = [
     "Ledger",
     "PureDPEvent",
     "SampledGaussianEvent",
+    "SampledWithoutReplacementGaussianEvent",
     "SelfComposedEvent",
     "TopDownPlan",
     "ZCDPEvent",
@@ -68,6 +71,7 @@ __all__ = [
     "discrete_laplace_tv_bound",
     "dp_to_zcdp",
     "epsilon_for",
+    "epsilon_without_replacement",
     "event_from_dict",
     "gaussian_zcdp",
     "kappa",

@@ -8,7 +8,13 @@ import math
 from scipy import optimize, special
 
 from dpfl.errors import PrivacyError
-from dpfl.privacy.events import SampledGaussianEvent, check_count, check_delta, check_q
+from dpfl.privacy.events import (
+    SampledGaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
+    check_count,
+    check_delta,
+    check_q,
+)
 from dpfl.privacy.ledger import Ledger, check_accountant
 
 
@@ -32,6 +38,19 @@ def epsilon_for(
     check_count(steps, "steps")
     ledger = Ledger(accountant, neighbouring, pld_discretization=pld_discretization)
     ledger.add(SampledGaussianEvent(sigma, q), count=steps)
+    return ledger.epsilon(check_delta(delta))
+
+
+def epsilon_without_replacement(
+    sigma: float, population: int, sample: int, steps: int, delta: float, accountant: str = "rdp"
+) -> float:
+    """epsilon (replace-one neighbours) after ``steps`` rounds that each draw ``sample`` of
+    ``population`` units without replacement and add Gaussian noise (multiplier sigma).
+    PrivacyError for an accountant that cannot account it (pld)."""
+    check_accountant(accountant)
+    check_count(steps, "steps")
+    ledger = Ledger(accountant, "replace_one")
+    ledger.add(SampledWithoutReplacementGaussianEvent(sigma, population, sample), count=steps)
     return ledger.epsilon(check_delta(delta))
 
 

@@ -4,7 +4,9 @@ Noise parameters are relative to the bound on one unit's contribution (one recor
 client, the "sensitivity" C). Under ``add_remove`` neighbouring the outputs of neighbouring
 datasets differ by at most C; under ``replace_one`` by at most 2C (the backends account for
 that). Pure/approximate/zCDP events state a guarantee that already holds under the ledger's
-neighbouring relation.
+neighbouring relation. A subsampled Gaussian is Poisson sampling (``SampledGaussianEvent``:
+add_remove; replace_one under pld only) or sampling without replacement
+(``SampledWithoutReplacementGaussianEvent``: replace_one, rdp/moments only).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Any
 from dpfl.errors import PrivacyError
 
 NEIGHBOURING = ("add_remove", "replace_one")
+# how the units of one invocation are drawn: each independently with probability q (add/remove
+# neighbours), or a uniformly random subset of fixed size m of n (replace-one neighbours, n public)
+SAMPLINGS = ("poisson", "without-replacement")
 
 
 def check_neighbouring(neighbouring: str) -> str:
@@ -44,6 +49,17 @@ def _nonneg(name: str, value: float) -> float:
     ):
         raise PrivacyError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def check_sampling(sampling: str) -> str:
+    if sampling not in SAMPLINGS:
+        raise PrivacyError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    return sampling
+
+
+def sampling_neighbouring(sampling: str) -> str:
+    """The neighbouring relation an epsilon for this sampling is stated under (dp-accounting's)."""
+    return "replace_one" if check_sampling(sampling) == "without-replacement" else "add_remove"
 
 
 def check_q(q: float) -> float:
@@ -111,6 +127,43 @@ class SampledGaussianEvent(Event):
             self, "noise_multiplier", _positive("noise_multiplier (sigma)", self.noise_multiplier)
         )
         object.__setattr__(self, "q", check_q(self.q))
+
+
+@dataclass(frozen=True)
+class SampledWithoutReplacementGaussianEvent(Event):
+    """A uniformly random subset of exactly ``sample`` of ``population`` units, then the Gaussian
+    mechanism (dp-accounting's SampledWithoutReplacementDpEvent of a GaussianDpEvent).
+
+    Accounted only under ``replace_one`` neighbours (the population size is public; Wang, Balle,
+    Kasiviswanathan 2019, Thm 27), where the sensitivity is 2C: dp-accounting's noise multiplier
+    is ``noise_multiplier / 2``.
+    """
+
+    noise_multiplier: float
+    population: int
+    sample: int
+    kind = "sampled_wor_gaussian"
+
+    def __post_init__(self):
+        object.__setattr__(
+            self, "noise_multiplier", _positive("noise_multiplier (sigma)", self.noise_multiplier)
+        )
+        check_count(self.population, "population (units sampled from)")
+        check_count(self.sample, "sample (units drawn without replacement)")
+        if self.sample > self.population:
+            raise PrivacyError(f"sample = {self.sample} exceeds population = {self.population}")
+
+    @property
+    def q(self) -> float:
+        return self.sample / self.population
+
+
+def subsampled_gaussian(noise_multiplier: float, sampling: str, population: int, sample: int) -> Event:
+    """One round that draws ``sample`` of ``population`` units (Poisson: each with probability
+    q = sample / population) and adds Gaussian noise."""
+    if check_sampling(sampling) == "poisson":
+        return SampledGaussianEvent(noise_multiplier, sample / population)
+    return SampledWithoutReplacementGaussianEvent(noise_multiplier, population, sample)
 
 
 def kappa(xi: float) -> float:
@@ -285,6 +338,7 @@ _KINDS = {
     for c in (
         GaussianEvent,
         SampledGaussianEvent,
+        SampledWithoutReplacementGaussianEvent,
         DiscreteGaussianEvent,
         LaplaceEvent,
         PureDPEvent,

@@ -28,6 +28,7 @@ from dpfl.privacy.events import (
     LaplaceEvent,
     PureDPEvent,
     SampledGaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
     SelfComposedEvent,
     ZCDPEvent,
     check_count,
@@ -39,6 +40,12 @@ from dpfl.privacy.events import (
 )
 
 ACCOUNTANTS = ("moments", "rdp", "pld")
+# which samplings (events.SAMPLINGS) each accountant can account for the Gaussian mechanism
+SUPPORTED_SAMPLINGS = {
+    "moments": ("poisson", "without-replacement"),
+    "rdp": ("poisson", "without-replacement"),
+    "pld": ("poisson",),
+}
 
 
 def check_accountant(name: str) -> str:
@@ -143,6 +150,12 @@ class _PldBackend:
             d = leaf.delta if isinstance(leaf, ApproxDPEvent) else 0.0
             return P.from_privacy_parameters(
                 common.DifferentialPrivacyParameters(leaf.epsilon, d), value_discretization_interval=dx
+            )
+        if isinstance(leaf, SampledWithoutReplacementGaussianEvent):
+            raise PrivacyError(
+                "the pld accountant cannot account sampling without replacement (dp-accounting's "
+                "PLD accountant has no SampledWithoutReplacementDpEvent); use accountant='rdp' or "
+                "'moments', or account the round as Poisson sampling"
             )
         if isinstance(leaf, DiscreteGaussianEvent):
             raise PrivacyError(

@@ -7,10 +7,12 @@ Two order grids and two conversions:
   Canonne-Kamath-Steinke 2020 (Prop. 12) / Asoodeh et al. 2020.
 The sampled-Gaussian curve is Mironov-Talwar-Zhang 2019 (closed form for integer orders,
 the two-sided series of their Sec. 3.3 for fractional orders, terms taken in absolute value).
+Sampling without replacement (replace-one only) takes dp-accounting's curve.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -25,6 +27,7 @@ from dpfl.privacy.events import (
     LaplaceEvent,
     PureDPEvent,
     SampledGaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
     ZCDPEvent,
 )
 
@@ -143,6 +146,24 @@ def sampled_gaussian_rdp(q: float, sigma: float, orders) -> np.ndarray:
     return out
 
 
+def sampled_wor_gaussian_rdp(q: float, sigma: float, orders) -> np.ndarray:
+    """RDP of the Gaussian on a uniformly random fixed-size subset (sampling without replacement,
+    replace-one neighbours, sigma relative to the replace-one sensitivity): dp-accounting's
+    bound (Wang-Balle-Kasiviswanathan 2019, Thm 27; fractional orders interpolated, Cor. 10)."""
+    orders = check_orders(orders)
+    if q == 1.0:
+        return orders / (2 * sigma**2)
+    return np.array(_wor_curve(float(q), float(sigma), tuple(orders.tolist())))
+
+
+@functools.lru_cache(maxsize=16)
+def _wor_curve(q: float, sigma: float, orders: tuple) -> tuple:
+    from dp_accounting.rdp import rdp_privacy_accountant as dpa
+
+    # slow on the default grid (orders up to 256 are summed exactly): cached per (q, sigma, orders)
+    return tuple(float(v) for v in dpa._compute_rdp_sample_wor_gaussian(q, sigma, orders))
+
+
 def laplace_rdp(epsilon: float, orders) -> np.ndarray:
     """Laplace mechanism with pure epsilon = sensitivity/scale (Mironov 2017, Prop. 6)."""
     a = check_orders(orders)
@@ -175,6 +196,13 @@ def leaf_rdp(event: Event, orders, neighbouring: str) -> np.ndarray:
         if isinstance(event, DiscreteGaussianEvent):  # thesis Thm 2-3, per RDP order a = lam + 1
             curve = curve + event.log_moment_correction(orders - 1) / (orders - 1)
         return curve
+    if isinstance(event, SampledWithoutReplacementGaussianEvent):
+        if not replace:
+            raise PrivacyError(
+                "sampling without replacement is accounted under replace_one neighbours only "
+                "(dp-accounting's SampledWithoutReplacementDpEvent); this ledger uses add_remove"
+            )
+        return sampled_wor_gaussian_rdp(event.q, event.noise_multiplier / 2, orders)
     if isinstance(event, LaplaceEvent):
         return laplace_rdp((2 if replace else 1) / event.scale, orders)
     if isinstance(event, PureDPEvent):

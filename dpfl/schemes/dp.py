@@ -12,7 +12,9 @@ Noise placement (`noise=`):
   after masking: if f ≤ l fail, the k − f surviving shares carry noise variance
   (k − f)/(k − l)·(Sσ)² ≥ (Sσ)² (more noise than needed, the guarantee holds); if f > l the
   transport aborts the round (`RoundAborted`) and nothing is released. Event per round:
-  SampledGaussianEvent(σ, q) (DiscreteGaussianEvent for FL-SIGN-DP, with the sampler's TV).
+  SampledGaussianEvent(σ, q) (DiscreteGaussianEvent for FL-SIGN-DP, with the sampler's TV), or,
+  for a fixed-size cohort accounted as drawn, SampledWithoutReplacementGaussianEvent(σ, N, |K|)
+  (replace-one neighbours).
 * ``central``: clients send clipped rows in plain to a *trusted* server, which adds
   G(0, (Sσ)²) to the sum (DG(0, √n·σ) for FL-SIGN-DP). Same event as distributed.
 * ``local``: every client adds the full G(0, (Sσ)²) and sends in plain; no secure
@@ -47,7 +49,13 @@ import torch
 
 from dpfl.compression.base import Codec
 from dpfl.errors import ConfigError
-from dpfl.privacy import DiscreteGaussianEvent, GaussianEvent, SampledGaussianEvent, sampler_tv_bound
+from dpfl.privacy import (
+    DiscreteGaussianEvent,
+    GaussianEvent,
+    SampledGaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
+    sampler_tv_bound,
+)
 from dpfl.privacy.mechanisms import discrete_gaussian, gaussian_noise
 from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.transport import PlainTransport
@@ -209,6 +217,7 @@ class _NoiseStep(Step):
     """What both noise steps share: σ, q, l, placement, local-noise participation, state."""
 
     label = ""  # the name in `describe`
+    without_replacement: tuple[int, int] | None = None  # (N, |K|) when the event samples without replacement
 
     def __init__(self, sigma: float, q: float, tolerate: int = 0, noise: str = "distributed"):
         self.sigma = _positive("noise multiplier σ", sigma)
@@ -230,7 +239,9 @@ class _NoiseStep(Step):
 
     def describe(self) -> str:
         tol = f", l={self.tolerate}" if self.tolerate else ""
-        return f"{self.label}(σ={self.sigma:.6g}, {self.noise}{tol}, q={self.q:.6g})"
+        wor = self.without_replacement
+        q = f"q={self.q:.6g}" if wor is None else f"{wor[1]} of {wor[0]} without replacement"
+        return f"{self.label}(σ={self.sigma:.6g}, {self.noise}{tol}, {q})"
 
 
 class GaussianNoise(_NoiseStep):
@@ -243,9 +254,12 @@ class GaussianNoise(_NoiseStep):
 
     name, label = "gaussian_noise", "gaussian"
 
-    def __init__(self, sigma: float, clip: Clip, q: float, tolerate: int = 0, noise: str = "distributed"):
+    def __init__(self, sigma: float, clip: Clip, q: float, tolerate: int = 0, noise: str = "distributed",
+                 without_replacement: tuple[int, int] | None = None):
         super().__init__(sigma, q, tolerate, noise)
         self.clip = clip
+        # (N, |K|): the round samples |K| of N clients without replacement (else Poisson with rate q)
+        self.without_replacement = without_replacement
 
     def share_std(self, k: int) -> float:
         """Std of one client's share for a round with k answering clients (0 for central)."""
@@ -294,6 +308,8 @@ class GaussianNoise(_NoiseStep):
     def privacy_events(self, ctx: RoundContext) -> list[Any]:
         if self.noise == "local":
             return [GaussianEvent(self.sigma / 2)] if self.participation.grows(np.asarray(ctx.cohort)) else []
+        if self.without_replacement is not None:
+            return [SampledWithoutReplacementGaussianEvent(self.sigma, *self.without_replacement)]
         return [SampledGaussianEvent(self.sigma, self.q)]
 
 

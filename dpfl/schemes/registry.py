@@ -26,6 +26,8 @@ class Scheme:
     train_overrides: dict[str, Any] = field(default_factory=dict)
     full_batch: bool = False  # one batch = all of a client's data
     all_clients: bool = False  # every client every round (signSGD)
+    # how the privacy events account client selection (DP schemes): "poisson" | "without-replacement" | "none"
+    privacy_sampling: str | None = None
 
     def setup(self, ctx: SetupContext) -> None:
         for s in self.steps:

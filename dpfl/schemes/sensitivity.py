@@ -149,12 +149,18 @@ def quantile_utility(values: np.ndarray, cand: np.ndarray, p: float) -> np.ndarr
     return -np.abs((1 - p) * below - p * (v.size - below))
 
 
+def private_median_event(epsilon: float, neighbouring: str) -> PureDPEvent:
+    """The median's cost: ε₀ for add/remove neighbours; replacing one client moves the utility by up
+    to 1 = 2 × its add/remove sensitivity, so 2ε₀ for replace-one."""
+    return PureDPEvent(2 * epsilon if neighbouring == "replace_one" else epsilon)
+
+
 def private_median(ctx: SetupContext, steps: Sequence[Step], epsilon: float,
                    clients: int | None = None) -> tuple[float, str]:
     """DP median of the initialisation-round norms; PureDPEvent(ε₀) goes to the ledger."""
     if ctx.ledger is None:
         raise ConfigError("clip = 'private' charges the ledger, but SetupContext.ledger is None")
-    ctx.ledger.add(PureDPEvent(epsilon))  # BudgetExceededError before any work if it does not fit
+    ctx.ledger.add(private_median_event(epsilon, ctx.ledger.neighbouring))  # BudgetExceededError first
     norms = client_norms(ctx, steps, clients)
     s = dp_quantile(norms, epsilon, ctx.seeds.crypto("dp-clip", "quantile"))
     return s, f"ε₀ = {epsilon} DP median of {norms.size} client update norms, charged to the ledger"

@@ -256,7 +256,7 @@ def test_omitted_noise_and_boosted_signs_take_over_fl_sign_dp_but_not_fl_sign():
 def test_in_backdoor_against_fl_sign_dp_end_to_end():
     att = {"name": "in-backdoor", "fraction": 0.1,
            "options": {"source": 5, "target": 7, "omit_noise": True, "sign_boost": 100}}
-    cfg = tiny_config(attack=att, rounds=8)
+    cfg = tiny_config(attack=att, rounds=8, privacy={"sampling_assumption": "poisson"})  # as the thesis
     cfg.scheme.name, cfg.scheme.options = "fl-sign-dp", {"gamma": 0.01, "sigma": 1.0}
     sim = Simulation(cfg, None, log=lambda s: None)
     ms = [sim.step_round() for _ in range(8)]

@@ -186,3 +186,32 @@ def test_shipped_configs_validate():
     assert (sweep.data.n_train, sweep.data.n_test) == (32000, 10000)
     gen = load_config(root / "generate-fmnist.toml")
     assert gen.generate is not None and gen.generate.n_public < gen.data.n_test
+
+
+def test_generate_with_confident_gnmax(tmp_path):
+    """Only the answered queries become data; the report charges step 2 on those only."""
+    from dpfl.pate.gnmax import default_orders
+
+    cfg = tmp_path / "tiny.toml"
+    text = TINY.format(out=tmp_path / "res.json", gen=tmp_path / "gen")
+    text = text.replace(
+        "noise = 0.5", 'mechanism = "confident-gnmax"\nnoise = 0.5\nthreshold = 3.0\nsigma1 = 1.0'
+    )
+    cfg.write_text(text)
+    g = CliRunner().invoke(app, ["generate", str(cfg)])
+    assert g.exit_code == 0, g.output
+    rep = json.loads((tmp_path / "gen" / "privacy_report.json").read_text())
+    z = np.load(tmp_path / "gen" / "dataset.npz")
+    p = rep["privacy"]
+    assert p["mechanism"] == "confident-gnmax" and 0 < rep["answered"] < 60
+    assert p["answered"] == rep["answered"] == len(z["y"]) == len(z["index"]) and z["y"].min() >= 0
+    a = default_orders()  # 60 checks at σ1 = 1 (α/2 each), answered argmaxes at σ2 = 0.5 (α/0.25 each)
+    closed = np.min(60 * a / 2 + rep["answered"] * a / 0.25 + np.log(1e5) / (a - 1))
+    assert p["eps_data_independent"] == pytest.approx(closed, rel=1e-12)
+    assert (
+        p["eps_data_dependent"] <= p["eps_data_independent"] and p["eps_data_dependent_released"] is not None
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("sigma1 = 1.0\n", ""))
+    r = CliRunner().invoke(app, ["generate", str(bad)])
+    assert r.exit_code == 2 and "needs threshold and sigma1" in r.output

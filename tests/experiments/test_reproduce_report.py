@@ -51,8 +51,11 @@ def test_report_only_compares_existing_runs_and_runs_nothing(tmp_path):
     assert by_row["fl-rnd_r0.1"]["measured"] == max(r["accuracy"] for r in m)
     assert by_row["fl-rnd_r0.1"]["thesis"] == table_rows("table-4.2")[0]["fl-rnd_r0.1"]["accuracy"]
     assert by_row["fl-cs_r0.1"]["rounds_run"] == 2 and by_row["fl-cs_r0.1"]["rounds_planned"] == 4
+    # full length = the table row's 200 rounds: neither tiny run is complete, so neither gets a Δ
+    assert by_row["fl-cs_r0.1"]["rounds_full"] == 200 and not by_row["fl-rnd_r0.1"]["complete"]
+    assert by_row["fl-rnd_r0.1"]["delta"] is None
     text = console.export_text()
-    assert "2/4" in text and "not run yet: fl-cs_r0.2" in text
+    assert "2/200" in text and "3/200" in text and "not run yet: fl-cs_r0.2" in text
     assert not (tmp_path / "table-4.2" / "results.json").exists()  # reporting writes nothing
 
 

@@ -52,3 +52,28 @@ def gauss(sigma):
         lambda x: math.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi)),
         lambda x: 0.5 * math.erfc(-x / (sigma * math.sqrt(2))),
     )
+
+
+def all_histograms(teachers, m):
+    """Every vote histogram of `teachers` votes over `m` classes."""
+    return [c for c in itertools.product(range(teachers + 1), repeat=m) if sum(c) == teachers]
+
+
+def smooth_sensitivity_bfs(vs, f, beta):
+    """Exact β-smooth sensitivity of f (values on histograms `vs`) over the vote-move graph:
+    max_k e^{−βk} max{local sensitivity at n' : n' at distance <= k}. Returns (values, neighbour lists)."""
+    pos = {tuple(v): i for i, v in enumerate(vs)}
+    nbs = [[pos[tuple(w)] for w in neighbours(v)] for v in vs]
+    ls = np.array([max(abs(f[j] - f[i]) for j in nb) for i, nb in enumerate(nbs)])
+    out = np.zeros(len(vs))
+    for i in range(len(vs)):
+        seen, frontier, a = {i}, {i}, ls[i]
+        out[i] = a
+        for k in range(1, len(vs)):
+            frontier = {w for u in frontier for w in nbs[u]} - seen
+            if not frontier:
+                break
+            seen |= frontier
+            a = max(a, ls[list(frontier)].max())
+            out[i] = max(out[i], math.exp(-beta * k) * a)
+    return out, nbs

@@ -19,8 +19,10 @@ from dpfl.privacy import (
 TIMING = ("train_seconds", "eval_seconds", "round_seconds", "step_secagg_seconds", "step_dp_noise_seconds")
 
 
-def _cfg(scheme, rounds=3, accountant="rdp", target=None, **opts):
+def _cfg(scheme, rounds=3, accountant="rdp", target=None, sampling="poisson", **opts):
     privacy = {"accountant": accountant, "delta": 1e-5}
+    if sampling is not None:  # these tests check the Poisson-accounted ledger (a fixed cohort of 6 of 60)
+        privacy["sampling_assumption"] = sampling
     if target is not None:
         privacy["target_epsilon"] = target
     return load_config(data={

@@ -18,8 +18,9 @@ from dpfl.schemes.sensitivity import dp_quantile, quantile_utility
 LR = 0.1
 
 
-def _sim(scheme, **opts):
+def _sim(scheme, privacy=None, **opts):
     cfg = load_config(data={
+        "privacy": privacy or {},
         "seed": 2,
         "data": {"dataset": "digits", "n_clients": 40, "partition_options": {"size": 20}, "public_size": 10},
         "federation": {"rounds": 1, "clients_per_round": 5},
@@ -96,9 +97,12 @@ def test_public_topk_and_public_random_norms():
     assert _clip(sim).bound == pytest.approx(float(np.median(norms)), rel=1e-4)
 
 
-def test_private_median_is_charged_to_the_ledger():
-    sim = _sim("fl-std-dp", clip="private", clip_epsilon=0.7)
-    assert sim.ledger.events == [(PureDPEvent(0.7), 1)]
+@pytest.mark.parametrize("sampling,charged", [("poisson", 0.7), ("without-replacement", 1.4)])
+def test_private_median_is_charged_to_the_ledger(sampling, charged):
+    # ε₀ under add/remove; replacing one client moves the median's utility twice as far: 2ε₀
+    sim = _sim("fl-std-dp", privacy={"sampling_assumption": sampling}, clip="private", clip_epsilon=0.7)
+    assert sim.ledger.neighbouring == ("replace_one" if sampling == "without-replacement" else "add_remove")
+    assert sim.ledger.events == [(PureDPEvent(charged), 1)]
     assert "charged" in _clip(sim).how and "NOT" not in _clip(sim).how
 
 

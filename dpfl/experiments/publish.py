@@ -1,0 +1,382 @@
+"""`dpfl publish`: the README headline table and the thesis tables of docs/RESULTS.md, generated from
+the run records under `records/` only, plus one figure per table under docs/figures/.
+
+Generated text sits between `<!-- BEGIN generated: NAME -->` and `<!-- END generated -->` lines; the
+prose around them is hand-written. NAME is `headline` in README.md and a table id (`table-4.4`) in
+docs/RESULTS.md; a table's block holds every record of it, its `--accountant` variants included
+(`records/table-5.1-pld/...`). `check` regenerates the text and reports the blocks that differ from
+the files, writing nothing (the test suite runs it, so no number in those blocks can drift from the
+records).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from dpfl.errors import ConfigError
+
+BEGIN = "<!-- BEGIN generated: {} -->"
+END = "<!-- END generated -->"
+
+# README headline rows: (label, table, row, accountant of a `--accountant` run or None).
+HEADLINE = (
+    ("FL-STD, setting D", "table-4.4", "fl-std_r1.0", None),
+    ("FL-SIGN, setting D", "table-4.4", "fl-sign_r1.0", None),
+    ("FL-CS r = 0.05, setting C", "table-4.2", "fl-cs_r0.05", None),
+    ("FL-TOP r = 0.5 %, setting D", "table-4.4", "fl-top_r0.005", None),
+    ("FL-SIGN, setting A", "table-4.1", "fl-sign", None),
+    ("FL-CS r = 0.1, setting C", "table-4.2", "fl-cs_r0.1", None),
+    ("FL-CS r = 0.2, setting C", "table-4.2", "fl-cs_r0.2", None),
+    ("FL-RND r = 0.1, setting C", "table-4.2", "fl-rnd_r0.1", None),
+    ("FL-TOP r = 10 %, setting D", "table-4.4", "fl-top_r0.1", None),
+    ("FL-BASIC r = 0.5 %, setting D", "table-4.4", "fl-basic_r0.005", None),
+    ("FL-STD-DP ε = 1, setting B, secure aggregation", "table-5.1", "fl-std-dp_eps1", None),
+    ("FL-STD-DP ε = 1, σ calibrated by PLD", "table-5.1", "fl-std-dp_eps1", "pld"),
+    ("FL-SIGN-DP ε = 1, setting B", "table-5.1", "fl-sign-dp_eps1", None),
+    ("FL-SIGN-DP ε = 1, σ calibrated by RDP", "table-5.1", "fl-sign-dp_eps1", "rdp"),
+    ("FL-TOP-DP r = 0.5 %, ε = 1", "table-5.5", "fl-top-dp_r0.005", None),
+    ("FL-TOP-DP r = 0.5 %, ε = 1, σ by PLD", "table-5.5", "fl-top-dp_r0.005", "pld"),
+    ("FL-CS-DP r = 0.05, ε = 1, setting B (λ = noise)", "table-5.3", "fl-cs-dp_r0.05", None),
+    ("FL-CS-DP r = 0.05, ε = 1, setting B, σ by PLD", "table-5.3", "fl-cs-dp_r0.05", "pld"),
+    ("FL-CS-DP r = 0.05, ε = 1, setting D (S = 0.57)", "table-5.5", "fl-cs-dp_r0.05", None),
+    ("FL-CS-DP r = 0.05, ε = 1, setting D, σ by PLD", "table-5.5", "fl-cs-dp_r0.05", "pld"),
+    ("random update σ_Adv = 200, FL-STD, 10 % attackers", "table-6.1-fmnist", "fl-std-10", None),
+    ("random update σ_Adv = 200, FL-SIGN, 20 % attackers", "table-6.1-fmnist", "fl-sign-20", None),
+    ("colluding gradient ascent, FL-STD, 10 %", "table-6.3-fmnist", "fl-std-10", None),
+    ("colluding gradient ascent, FL-SIGN, 20 %", "table-6.3-fmnist", "fl-sign-20", None),
+    ("out-backdoor T-shirt → Trouser, FL-SIGN, 10 %", "table-6.12", "fl-sign-10", None),
+    ("out-backdoor, FL-SIGN-DP ε = 1, 10 %", "table-6.12", "fl-sign-dp-eps1-10", None),
+    ("in-backdoor Sandal → Sneaker, FL-SIGN, 10 %", "table-6.10", "fl-sign-10", None),
+    ("in-backdoor, FL-SIGN, 20 %", "table-6.10", "fl-sign-20", None),
+    ("in-backdoor, FL-SIGN-DP ε = 1, 10 %", "table-6.10", "fl-sign-dp-eps1-10", None),
+)
+
+EXTRA_LABELS = {"step_up_bits_per_value": ("bits/param", "bits"), "source_accuracy": ("source acc.", "source_accuracy"),
+                "attack_success": ("attack success", "attack_success")}
+
+
+# ---- records -------------------------------------------------------------------------------------
+
+def record_tables(records: Path) -> dict[str, list[str | None]]:
+    """table id -> the accountant variants on record (None: the table as configured), for every
+    `records/<table>[-<accountant>]/<row>/metrics.jsonl`."""
+    from dpfl.experiments.reproduce import list_tables
+    from dpfl.privacy import ACCOUNTANTS
+
+    known = list_tables()
+    out: dict[str, list[str | None]] = {}
+    for d in sorted(p for p in Path(records).iterdir() if p.is_dir()):
+        if not any(d.glob("*/metrics.jsonl")):
+            continue
+        acct = next((a for a in ACCOUNTANTS if d.name.endswith(f"-{a}") and d.name[: -len(a) - 1] in known), None)
+        table = d.name[: -len(acct) - 1] if acct else d.name
+        if table not in known:
+            raise ConfigError(f"{d}: no thesis table {table!r} (tables: {', '.join(known)})")
+        out.setdefault(table, []).append(acct)
+    return {t: sorted(v, key=lambda a: (a is not None, a or "")) for t, v in sorted(out.items(), key=_table_key)}
+
+
+def _table_key(item) -> tuple:
+    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.-]", item[0].removeprefix("table-")))
+
+
+def _dir_name(table: str, acct: str | None) -> str:
+    return f"{table}-{acct}" if acct else table
+
+
+def table_entries(records: Path, table: str, variants: list[str | None]) -> tuple[dict, list[dict], list[str]]:
+    """(thesis, one entry per record in thesis row order, rows with no record in any variant). An entry
+    holds the `compare_rows` dict plus the record's config, summary, metrics, accountant and σ."""
+    from dpfl.config import load_config
+    from dpfl.experiments.reproduce import collect_runs, compare_rows, table_rows
+
+    thesis, all_rows = table_rows(table)
+    order = [r for r in thesis if r in all_rows] + [r for r in all_rows if r not in thesis]
+    entries = []
+    for acct in variants:
+        results, _ = collect_runs(table, Path(records) / _dir_name(table, acct), order)
+        for res, cmp in zip(results, compare_rows(thesis, results)):
+            cfg = load_config(Path(res["dir"]) / "config.toml")
+            m = re.search(r"σ=([0-9.]+)", res["summary"].get("describe", ""))
+            entries.append({**cmp, "acct": acct, "cfg": cfg, "summary": res["summary"], "metrics": res["metrics"],
+                            "sigma": float(m.group(1)) if m else None, "table": table,
+                            "command": command(table, res["row"], acct, cfg)})
+    entries.sort(key=lambda e: (order.index(e["row"]), e["acct"] is not None, e["acct"] or ""))
+    missing = [r for r in order if r not in {e["row"] for e in entries}]
+    return thesis, entries, missing
+
+
+def command(table: str, row: str, acct: str | None, cfg=None) -> str:
+    """The `dpfl reproduce` command that runs a row exactly as recorded: the overrides are what its
+    config differs in from the row's config."""
+    from dpfl.config import load_config
+    from dpfl.experiments.report import config_diff
+    from dpfl.experiments.reproduce import table_rows
+
+    sets = []
+    if cfg is not None:
+        sets = [s for s in config_diff(load_config(table_rows(table)[1][row]), cfg)
+                if not (acct and s.startswith("privacy.accountant="))]
+    parts = [f"dpfl reproduce {table} --row {row}"] + ([f"--accountant {acct}"] if acct else [])
+    parts += [f"--set '{s}'" if re.search(r"[\"' ()]", s) else f"--set {s}" for s in sets]
+    return " ".join(parts + ["--out records"])
+
+
+# ---- formatting ----------------------------------------------------------------------------------
+
+def _cost(v: float | None, unit: str) -> str | None:
+    from dpfl.experiments.report import human_bytes
+    from dpfl.experiments.reproduce import UNITS
+
+    if v is None:
+        return None
+    return human_bytes(v * UNITS[unit]) if unit == "B" else f"{v:,.2f} {unit}"
+
+
+def _thesis_acc(e: dict, rounds: bool = True) -> str:
+    ref, mnist = e["thesis"], e["thesis_dataset"] == "mnist"
+    if ref is None:
+        text = "does not converge" if e["thesis_converged"] is False else "—"
+    else:
+        text = f"{ref:.2f}" + (f" ({e['thesis_round']})" if rounds and e["thesis_round"] else "")
+    return f"MNIST: {text}" if mnist else text
+
+
+def _rounds(e: dict) -> str:
+    ran, planned = e["rounds_run"], e.get("rounds_full")
+    text = f"{ran}/{planned}" if planned else str(ran)
+    if not e["complete"]:
+        text += ", cut short" + (f" ({e['stopped']})" if e["stopped"] else "")
+    return text
+
+
+def _delta(e: dict) -> str:
+    if e["delta"] is not None:
+        return f"{e['delta']:+.3f}"
+    if not e["complete"]:
+        return "— (cut short)"
+    return "— (MNIST)" if e["thesis_dataset"] == "mnist" else "—"
+
+
+def _sampling(e: dict) -> str:
+    cfg = e["cfg"]
+    n, k, q = cfg.data.n_clients, cfg.cohort_size(), cfg.sampling_rate()
+    if cfg.federation.sampling == "poisson":
+        return f"Poisson q = {q:.5g} (as accounted)"
+    return f"fixed {k:,} of {n:,} a round; ε assumes Poisson q = {q:.5g}"
+
+
+def _timing(e: dict) -> str:
+    """Median wall time of a round (it shared its cores at times: an upper bound) and the machine."""
+    import statistics
+
+    secs = [m["round_seconds"] for m in e["metrics"] if "round_seconds" in m]
+    text = f"{statistics.median(secs):.1f} s" if secs else "—"
+    machine = e["summary"].get("machine")
+    if machine:
+        t = machine.get("threads")
+        text += f", {machine.get('cpu', '?')}" + (f", {t} thread{'s' if t != 1 else ''}" if t else "")
+    return text
+
+
+def _with_thesis(mine: str | None, theirs: str | None) -> str:
+    if mine is None:
+        return "—" if theirs is None else f"— (thesis {theirs})"
+    return mine if theirs is None else f"{mine} (thesis {theirs})"
+
+
+def table_block(records: Path, table: str, variants: list[str | None], rel: str, figure: str | None) -> str:
+    thesis, entries, missing = table_entries(records, table, variants)
+    meta = thesis.get("_table", {})
+    unit = meta.get("unit", "KB")
+    dp = any(e["epsilon"] is not None for e in entries)
+    extras = [k for k in EXTRA_LABELS if any(e.get(k) is not None for e in entries)]
+    head = ["row", "rounds", "best accuracy (round)", "thesis (round)", "Δ", "upstream / client", "downstream / client"]
+    if dp:
+        head += ["accountant, σ", "ε at that round", "sampling"]
+    head += [EXTRA_LABELS[k][0] for k in extras] + ["median round, machine"]
+    intro = (f"{meta.get('description', table)}. Costs: cumulative per client of the population at the best "
+             "round; Δ only for rows run to their full length on the thesis's dataset.")
+    lines = [intro, "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in entries:
+        path = f"{rel}/{_dir_name(table, e['acct'])}/{e['row']}"
+        best = "—" if e["measured"] is None else f"{e['measured']:.4f} ({e['round']})"
+        if e["metric"] != "accuracy":
+            best += f" {e['metric']}"
+        cells = [f"[{e['row']}]({path})" + (f" ({e['acct']} σ)" if e["acct"] else ""), _rounds(e), best,
+                 _thesis_acc(e), _delta(e), _with_thesis(_cost(e["up"], unit), _cost(e["thesis_up"], unit)),
+                 _with_thesis(_cost(e["down"], unit), _cost(e["thesis_down"], unit))]
+        if dp:
+            private = e["epsilon"] is not None
+            acct = e["cfg"].privacy.accountant
+            cells += [(f"{acct}, σ = {e['sigma']:.4f}" if e["sigma"] else acct) if private else "—",
+                      _with_thesis(f"{e['epsilon']:.3f}" if private else None,
+                                   None if e["thesis_epsilon"] is None else f"{e['thesis_epsilon']:g}"),
+                      _sampling(e) if private else "—"]
+        for k in extras:
+            tv = e.get(f"thesis_{EXTRA_LABELS[k][1]}")
+            cells.append(_with_thesis(None if e.get(k) is None else f"{e[k]:.3f}" if k != "step_up_bits_per_value"
+                                      else f"{e[k]:.2f}", None if tv is None else f"{tv:g}"))
+        cells.append(_timing(e))
+        lines.append("| " + " | ".join(cells) + " |")
+    if missing:
+        lines += ["", "No record yet: " + ", ".join(f"`{r}`" for r in missing) + "."]
+    if figure:
+        lines += ["", f"![{table}: accuracy per round and per upstream byte, from the records]({figure})"]
+    return "\n".join(lines)
+
+
+def headline_block(records: Path, rel: str = "records") -> str:
+    from dpfl.experiments.reproduce import table_rows
+
+    lines = ["| run | measured (best round) | thesis | record | command |", "|---|---|---|---|---|"]
+    cache: dict = {}
+    for label, table, row, acct in HEADLINE:
+        if row not in table_rows(table)[1]:
+            raise ConfigError(f"headline {label!r}: table {table} has no row {row}")
+        if (table, acct) not in cache:
+            variants = [acct] if (Path(records) / _dir_name(table, acct)).is_dir() else []
+            thesis, entries, _ = table_entries(records, table, variants)
+            cache[(table, acct)] = (thesis, {e["row"]: e for e in entries})
+        thesis, by_row = cache[(table, acct)]
+        unit = thesis.get("_table", {}).get("unit", "KB")
+        th = thesis.get(row, {})
+        th_text = _thesis_text(th, unit)
+        e = by_row.get(row)
+        if e is None:
+            lines.append(f"| {label} | no record yet | {th_text} | — | `{command(table, row, acct)}` |")
+            continue
+        text = f"{e['measured']:.4f} at round {e['round']}"
+        if not e["complete"]:
+            text += f" ({_rounds(e)})"
+        up = _cost(e["up"], unit)
+        if up:
+            text += f", {up} up"
+        if e["epsilon"] is not None:
+            text += f", ε {e['epsilon']:.3f} ({e['cfg'].privacy.accountant}" + (
+                f", σ = {e['sigma']:.4f})" if e["sigma"] else ")")
+        for k, (name, _) in EXTRA_LABELS.items():
+            if e.get(k) is not None:
+                text += f", {name} {e[k]:.2f}" if k == "step_up_bits_per_value" else f", {name} {e[k]:.3f}"
+        path = f"{rel}/{_dir_name(table, acct)}/{row}"
+        lines.append(f"| {label} | {text} | {th_text} | [{_dir_name(table, acct)}/{row}]({path}) | "
+                     f"`{e['command']}` |")
+    return "\n".join(lines)
+
+
+def _thesis_text(th: dict, unit: str) -> str:
+    if not th:
+        return "—"
+    acc = th.get("accuracy")
+    text = ("does not converge" if th.get("converged") is False else "—") if acc is None else f"{acc:.2f}"
+    if th.get("round"):
+        text += f" at round {th['round']}"
+    if th.get("up") is not None:
+        text += f", {_cost(th['up'], unit)} up"
+    if th.get("epsilon") is not None:
+        text += f", ε {th['epsilon']:g}"
+    for name, tk in EXTRA_LABELS.values():
+        if th.get(tk) is not None:
+            text += f", {name} {th[tk]:g}"
+    return f"MNIST: {text}" if th.get("dataset") == "mnist" else text
+
+
+# ---- figures -------------------------------------------------------------------------------------
+
+def table_figure(records: Path, table: str, variants: list[str | None], path: Path) -> Path:
+    """Accuracy vs round and vs cumulative upstream bytes per client for every record of the table;
+    ★ best round; the thesis's accuracy (on this dataset) as ◇ at its best round, or dotted without one."""
+    from dpfl.experiments.report import plot_curves, pyplot, save_figure
+    from dpfl.experiments.reproduce import UNITS
+
+    plt = pyplot()
+    thesis, entries, _ = table_entries(records, table, variants)
+    scale = UNITS[thesis.get("_table", {}).get("unit", "KB")]
+    curves = [(e["row"] + (f" ({e['acct']} σ)" if e["acct"] else "") + ("" if e["complete"] else ", cut short"),
+               e["metrics"]) for e in entries]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, xkey, xlabel in ((axes[0], "round", "round"),
+                             (axes[1], "cum_up_bytes_per_client", "cumulative upstream per client")):
+        plot_curves(ax, curves, xkey, annotate=False)
+        drawn = set()  # one thesis mark per row, in the colour of its first record
+        for i, e in enumerate(entries):
+            if e["thesis"] is None or e["thesis_dataset"] == "mnist" or e["row"] in drawn:
+                continue
+            drawn.add(e["row"])
+            x = e["thesis_round"] if xkey == "round" else (None if e["thesis_up"] is None else e["thesis_up"] * scale)
+            if x is not None:
+                ax.plot([x], [e["thesis"]], marker="D", ms=7, mfc="none", mec=f"C{i % 10}", mew=1.5, ls="none")
+            else:
+                ax.axhline(e["thesis"], color=f"C{i % 10}", ls=":", lw=1)
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel("test accuracy")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{table} from records/: ★ best round; thesis: ◇ at its best round, dotted where it gives no round",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+# ---- splicing ------------------------------------------------------------------------------------
+
+def splice(text: str, name: str, body: str, source: str) -> str:
+    begin = BEGIN.format(name)
+    i = text.find(begin)
+    j = text.find(END, i) if i >= 0 else -1
+    if i < 0 or j < 0:
+        raise ConfigError(f"{source} has no generated block {name!r}: add the lines `{begin}` and `{END}` "
+                          "where it goes")
+    return text[: i + len(begin)] + "\n" + body + "\n" + text[j:]
+
+
+def block_names(text: str) -> list[str]:
+    return re.findall(r"<!-- BEGIN generated: (\S+) -->", text)
+
+
+def generated(root: Path) -> dict[Path, str]:
+    """The full new text of README.md and docs/RESULTS.md: every block regenerated from root/records."""
+    root = Path(root)
+    records = root / "records"
+    tables = record_tables(records)
+    out = {}
+    for doc, blocks in (
+            (root / "README.md", {"headline": lambda: headline_block(records, "records")}),
+            (root / "docs" / "RESULTS.md",
+             {t: (lambda t=t, v=v: table_block(records, t, v, "../records", f"figures/{t}.png"))
+              for t, v in tables.items()})):
+        text = doc.read_text()
+        stale = [n for n in block_names(text) if n not in blocks]
+        if stale:
+            raise ConfigError(f"{doc}: generated block(s) {', '.join(stale)} have no records any more; "
+                              "remove them")
+        for name, make in blocks.items():
+            text = splice(text, name, make(), str(doc))
+        out[doc] = text
+    return out
+
+
+def publish(root: Path, console: Console, check: bool = False, figures: bool = True) -> list[Path]:
+    """Write the generated blocks (and figures); with `check`, write nothing and return the files whose
+    blocks differ from the records."""
+    root = Path(root)
+    new = generated(root)
+    changed = [p for p, text in new.items() if p.read_text() != text]
+    if check:
+        for p in changed:
+            console.print(f"{p}: generated blocks differ from records/; run `dpfl publish`", highlight=False)
+        return changed
+    for p in changed:
+        p.write_text(new[p])
+        console.print(f"wrote {p}", highlight=False)
+    if figures:
+        for table, variants in record_tables(root / "records").items():
+            path = table_figure(root / "records", table, variants, root / "docs" / "figures" / f"{table}.png")
+            console.print(f"wrote {path}", highlight=False)
+    return changed

@@ -1,0 +1,160 @@
+"""`dpfl publish`: README/RESULTS tables are the records' numbers, and nothing else."""
+
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dpfl.config import load_config
+from dpfl.engine.simulator import Simulation
+from dpfl.errors import ConfigError
+from dpfl.experiments import publish as pub
+from dpfl.experiments.reproduce import table_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_readme_and_results_are_exactly_what_the_records_generate():
+    """Every generated block is regenerated from records/ and must equal the committed text: a number
+    typed by hand, or left behind when a record changed, fails here."""
+    for path, text in pub.generated(ROOT).items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `dpfl publish`"
+
+
+def test_every_table_on_record_has_its_block_and_figure():
+    results = (ROOT / "docs" / "RESULTS.md").read_text()
+    for table in pub.record_tables(ROOT / "records"):
+        assert table in pub.block_names(results)
+        assert (ROOT / "docs" / "figures" / f"{table}.png").is_file()
+
+
+def _headline_rows():
+    text = (ROOT / "README.md").read_text()
+    block = text.split(pub.BEGIN.format("headline"))[1].split(pub.END)[0]
+    return [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in block.strip().splitlines()[2:]]
+
+
+def test_headline_rows_each_point_at_an_existing_record():
+    rows = _headline_rows()
+    assert len(rows) == len(pub.HEADLINE)
+    for label, measured, _, record, cmd in rows:
+        link = re.fullmatch(r"\[(.+)\]\((.+)\)", record)
+        if link is None:
+            assert (measured, record) == ("no record yet", "—"), label
+            continue
+        run_dir = ROOT / link.group(2)
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        value, rnd = re.match(r"(\d\.\d{4}) at round (\d+)", measured).groups()
+        assert f"{metrics[int(rnd) - 1]['accuracy']:.4f}" == value, label
+        assert f"--row {run_dir.name} " in cmd
+
+
+@pytest.mark.parametrize("run_dir", sorted(p.parent for p in (ROOT / "records").glob("*/*/config.toml")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_published_command_rebuilds_the_recorded_config(run_dir):
+    """The command next to a record, applied to the row's config, gives the record's config exactly."""
+    tables = pub.record_tables(ROOT / "records")
+    table = next(t for t, v in tables.items() if run_dir.parent.name in {pub._dir_name(t, a) for a in v})
+    acct = run_dir.parent.name.removeprefix(table).removeprefix("-") or None
+    recorded = load_config(run_dir / "config.toml")
+    args = shlex.split(pub.command(table, run_dir.name, acct, recorded))
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    if "--accountant" in args:
+        sets.append(f'privacy.accountant="{args[args.index("--accountant") + 1]}"')
+    rebuilt = load_config(table_rows(table)[1][args[args.index("--row") + 1]], sets)
+    assert rebuilt.model_dump(exclude={"name"}) == recorded.model_dump(exclude={"name"})
+
+
+def test_a_number_edited_by_hand_is_caught(tmp_path):
+    (tmp_path / "docs").mkdir()
+    shutil.copytree(ROOT / "records", tmp_path / "records")
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copy(ROOT / "docs" / "RESULTS.md", tmp_path / "docs" / "RESULTS.md")
+    console = Console(record=True)
+    assert pub.publish(tmp_path, console, check=True) == []
+    text = (tmp_path / "docs" / "RESULTS.md").read_text()
+    edited = text.replace("| 0.8505 (200) |", "| 0.8605 (200) |")
+    assert edited != text
+    (tmp_path / "docs" / "RESULTS.md").write_text(edited)
+    assert pub.publish(tmp_path, console, check=True) == [tmp_path / "docs" / "RESULTS.md"]
+    assert (tmp_path / "docs" / "RESULTS.md").read_text() == edited  # --check writes nothing
+
+
+def _tiny(rounds):
+    return load_config(data={
+        "name": "tiny-rnd", "seed": 1,
+        "data": {"dataset": "digits", "n_clients": 20},
+        "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 16}},
+        "train": {"steps": 2, "batch_size": 8, "lr": 0.2},
+        "federation": {"rounds": rounds, "clients_per_round": 5},
+        "scheme": {"name": "fl-rnd", "options": {"ratio": 0.5}},
+    })
+
+
+@pytest.fixture(scope="module")
+def tiny_records(tmp_path_factory):
+    records = tmp_path_factory.mktemp("records")
+    Simulation(_tiny(3), records / "table-4.2" / "fl-rnd_r0.1", log=lambda s: None).run()
+    partial = records / "table-4.2" / "fl-cs_r0.1"
+    Simulation(_tiny(4), partial, log=lambda s: None).run()
+    (partial / "summary.json").unlink()
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    return records
+
+
+def test_a_row_cut_short_is_labelled_and_gets_no_delta(tiny_records):
+    """Full length is the table row's (200 rounds): a run stopped early, or one run shorter, is cut short."""
+    block = pub.table_block(tiny_records, "table-4.2", [None], "../records", None)
+    cut = next(ln for ln in block.splitlines() if ln.startswith("| [fl-cs_r0.1]"))
+    short = next(ln for ln in block.splitlines() if ln.startswith("| [fl-rnd_r0.1]"))
+    assert "| 2/200, cut short |" in cut and "| — (cut short) |" in cut
+    assert "| 3/200, cut short |" in short and "| — (cut short) |" in short
+    assert "No record yet: `fl-rnd_r0.05`" in block
+    real = pub.table_block(ROOT / "records", "table-4.4", [None], "../records", None)
+    full = next(ln for ln in real.splitlines() if ln.startswith("| [fl-top_r0.1]"))
+    assert "| 200/200 |" in full and re.search(r"\| [+-]0\.\d{3} \|", full)
+    head = pub.headline_block(tiny_records)
+    assert "(2/200, cut short)" in next(ln for ln in head.splitlines() if ln.startswith("| FL-CS r = 0.1,"))
+    assert next(ln for ln in head.splitlines() if ln.startswith("| FL-SIGN, setting A")).count("no record yet") == 1
+
+
+def test_figures_are_byte_identical_when_regenerated(tiny_records, tmp_path):
+    a = pub.table_figure(tiny_records, "table-4.2", [None], tmp_path / "a.png")
+    b = pub.table_figure(tiny_records, "table-4.2", [None], tmp_path / "b.png")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_missing_or_stale_markers_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no generated block 'headline'"):
+        pub.splice("no markers here", "headline", "x", "README.md")
+    assert pub.splice("a\n<!-- BEGIN generated: t -->\nold\n<!-- END generated -->\nb", "t", "new", "f") == \
+        "a\n<!-- BEGIN generated: t -->\nnew\n<!-- END generated -->\nb"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "records").mkdir()
+    (tmp_path / "README.md").write_text(f"{pub.BEGIN.format('headline')}\n{pub.END}\n")
+    (tmp_path / "docs" / "RESULTS.md").write_text(f"{pub.BEGIN.format('table-9.9')}\n{pub.END}\n")
+    with pytest.raises(ConfigError, match="table-9.9 have no records"):
+        pub.generated(tmp_path)
+
+
+def test_cli_check_exits_1_on_a_stale_block_and_2_with_one_line_on_a_missing_marker(tmp_path):
+    from typer.testing import CliRunner
+
+    from dpfl.cli.main import app
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "records").symlink_to(ROOT / "records")
+    shutil.copy(ROOT / "docs" / "RESULTS.md", tmp_path / "docs" / "RESULTS.md")
+    readme = (ROOT / "README.md").read_text()
+    (tmp_path / "README.md").write_text(readme.replace("| 0.8505 at round 200,", "| 0.8605 at round 200,"))
+    res = CliRunner().invoke(app, ["publish", "--check", "--root", str(tmp_path)])
+    assert res.exit_code == 1 and "generated blocks differ from records/" in " ".join(res.output.split())
+    (tmp_path / "README.md").write_text("no markers\n")
+    res = CliRunner().invoke(app, ["publish", "--root", str(tmp_path), "--no-figures"])
+    assert res.exit_code == 2 and res.output.startswith("error:") and "Traceback" not in res.output
+    assert (tmp_path / "README.md").read_text() == "no markers\n"  # nothing written on error

@@ -1,0 +1,99 @@
+"""`dpfl report`: labels that tell runs apart, readable units, figures, tables that fit the terminal."""
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from dpfl.config import dump_config, load_config
+from dpfl.experiments.report import human_bytes, plot_curves, pyplot, report_runs, run_labels
+from dpfl.experiments.reproduce import configs_root, reproduce_table
+
+ROOT = Path(__file__).resolve().parents[2]
+DP = ["scheme.name=fl-std-dp", "scheme.options.clip=1.0", "data.n_clients=20", "federation.rounds=4"]
+
+
+def _run(path: Path, sets: list[str], eps_per_round: float | None = 0.5) -> Path:
+    """A run directory as the simulator writes it (config.toml, metrics.jsonl), without training."""
+    path.mkdir(parents=True)
+    cfg = load_config(configs_root() / "quickstart.toml", sets)
+    (path / "config.toml").write_text(dump_config(cfg))
+    lines = []
+    for r in range(1, 5):
+        m = {"round": r, "accuracy": 0.1 + 0.05 * r - 0.08 * (r == 4), "cum_up_bytes_per_client": 1.5e6 * r,
+             "formula_up_bytes_per_client": 1.5e6 * r, "cum_down_bytes_per_client": 2e6 * r}
+        if eps_per_round is not None:
+            m["epsilon"] = eps_per_round * r
+        lines.append(json.dumps(m))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _runs(*dirs):
+    from dpfl.experiments.report import load_run
+
+    return [(d, *load_run(d)) for d in dirs]
+
+
+def test_runs_of_one_config_are_labelled_by_what_they_override(tmp_path):
+    a = _run(tmp_path / "a", DP + ["scheme.options.epsilon=4"])
+    b = _run(tmp_path / "b", DP + ["scheme.options.epsilon=8"])
+    labels, shared = run_labels(_runs(a, b))
+    assert labels == ["quickstart (scheme.options.epsilon=4)", "quickstart (scheme.options.epsilon=8)"]
+    assert 'scheme.name="fl-std-dp"' in shared["quickstart"] and "federation.rounds=4" in shared["quickstart"]
+
+
+def test_runs_that_differ_in_nothing_are_labelled_by_directory(tmp_path):
+    a = _run(tmp_path / "x" / "run", DP)
+    b = _run(tmp_path / "y" / "run", DP)
+    c = _run(tmp_path / "z" / "other", DP)
+    assert run_labels(_runs(a, b, c))[0] == ["x/run", "y/run", "other"]
+
+
+def test_dp_runs_get_round_upstream_and_epsilon_figures_with_integer_rounds(tmp_path):
+    a = _run(tmp_path / "a", DP + ["scheme.options.epsilon=4"])
+    b = _run(tmp_path / "b", DP + ["scheme.options.epsilon=8"], eps_per_round=1.0)
+    paths = report_runs([a, b], tmp_path / "fig", Console(record=True))
+    assert [p.name for p in paths] == ["accuracy_vs_round.png", "accuracy_vs_upstream.png", "accuracy_vs_epsilon.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    plain = _run(tmp_path / "plain", ["federation.rounds=4"], eps_per_round=None)
+    assert "accuracy_vs_epsilon.png" not in [p.name for p in report_runs([plain], tmp_path / "f2", Console())]
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    plot_curves(ax, [("a", _runs(a)[0][2])], "round")
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert len(ax.lines) == 2 and ax.lines[1].get_marker() == "*"  # the best round is marked
+    assert (ax.lines[1].get_xdata()[0], ax.lines[1].get_ydata()[0]) == (3, 0.1 + 0.05 * 3)
+    plt.close(fig)
+
+
+def test_the_table_fits_a_narrow_terminal_and_wide_keeps_every_column(tmp_path):
+    a = _run(tmp_path / "a", DP + ["scheme.options.epsilon=4"])
+    narrow = Console(record=True, width=72, force_terminal=True)
+    report_runs([a], tmp_path / "f", narrow)
+    text = narrow.export_text()
+    assert all(len(ln) <= 72 for ln in text.splitlines())
+    assert "4.50 MB" in text  # human units, and never folded
+    table, note = text.split("not shown for width:")
+    assert "formula up" in note and "formula" not in table
+    wide = Console(record=True, width=72, force_terminal=True)
+    report_runs([a], tmp_path / "f", wide, wide=True)
+    assert "formula up" in wide.export_text().split("┡")[0]
+
+
+def test_reproduce_report_fits_100_columns_and_labels_a_cut_short_row():
+    console = Console(record=True, width=100, force_terminal=True)
+    reproduce_table("table-5.1", rows=[], rounds=None, out=ROOT / "records", overrides=[], accountant=None,
+                    console=console, execute=None, report_only=True)
+    text = console.export_text()
+    assert all(len(ln) <= 100 for ln in text.splitlines())
+    assert "100/200" in text and "cut short" in text and "14.94 MB" in text
+
+
+def test_human_bytes():
+    assert [human_bytes(x) for x in (512, 2_217_830, 14_942_651.27, 1_500)] == \
+        ["512 B", "2.22 MB", "14.94 MB", "1.50 KB"]
