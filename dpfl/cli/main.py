@@ -1,4 +1,9 @@
-"""The `dpfl` command."""
+"""The `dpfl` command.
+
+Start-up is kept light: the sub-apps that live beside their packages (and `generate`) are listed from
+`_LAZY` and imported only when one of their commands runs, and the commands here import what they need
+inside their bodies. So `dpfl --help`, `dpfl schemes` and `dpfl privacy ...` never import torch
+(tests/cli/test_startup.py checks it; `dpfl bench cli` times it)."""
 
 from __future__ import annotations
 
@@ -6,44 +11,83 @@ import importlib
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from typer.core import TyperCommand, TyperGroup
 
 from dpfl.errors import DpflError
 
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+# commands living beside their packages: name -> (module, attribute, help). An attribute that is a Typer
+# app becomes a command group, a function becomes one command. They are listed in this order, the
+# functions before the commands defined below and the groups after them.
+_LAZY = {
+    "generate": ("dpfl.collab.cli", "generate_cmd", ("Private dataset generation: teachers label public data "
+                                                     "by noisy max (NPZ + CSV + privacy report).")),
+    "privacy": ("dpfl.privacy.cli", "app", "Privacy accounting: ε for σ, σ for ε."),
+    "data": ("dpfl.data.cli", "app", "Datasets and partitions."),
+    "models": ("dpfl.models.cli", "app", "Models."),
+    "pate": ("dpfl.pate.cli", "app", "PATE analysis."),
+    "dpsgd": ("dpfl.dpsgd.cli", "app", "Record-level DP-SGD."),
+    "collab": ("dpfl.collab.cli", "app", "FedCollabNN and private dataset generation."),
+    "attacks": ("dpfl.attacks.cli", "app", "Membership inference and attack tools."),
+    "flower": ("dpfl.flower.cli", "app", "Deployment over Flower."),
+    "accounting": ("dpfl.experiments.accounting_cli", "app", "Accounting comparison (Jayaraman & Evans)."),
+    "classic": ("dpfl.classic.cli", "app", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
+    "stats": ("dpfl.stats.cli", "app", "DP statistics of a column: mean, count, histogram."),
+}
+_LAZY_COMMANDS = ("generate",)  # `dpfl generate CONFIG` is the same command as `dpfl collab generate`
+
+
+class _Placeholder(TyperCommand):
+    """Stands for a lazy command in help listings (name and help only)."""
+
+
+def _load(name: str) -> TyperCommand | TyperGroup:
+    module, attr, help = _LAZY[name]
+    obj = getattr(importlib.import_module(module), attr)
+    holder = typer.Typer()
+    if name in _LAZY_COMMANDS:
+        holder.command(name, help=help)(obj)
+    else:
+        holder.add_typer(obj, name=name, help=help)
+    return typer.main.get_group(holder).commands[name]
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: lists the `_LAZY` commands without importing them, imports one when it is used."""
+
+    def __init__(self, **attrs) -> None:
+        super().__init__(**attrs)
+        placeholder = {n: _Placeholder(n, help=h) for n, (_, _, h) in _LAZY.items()}
+        self.commands = {**{n: placeholder[n] for n in _LAZY_COMMANDS}, **self.commands,
+                         **{n: c for n, c in placeholder.items() if n not in _LAZY_COMMANDS}}
+        self._listing = False
+
+    # (click types left unnamed: recent typer releases ship their own copy of click)
+    def format_help(self, ctx, formatter) -> None:
+        self._listing = True  # the commands panel needs names and help only
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def get_command(self, ctx, name: str):
+        cmd = self.commands.get(name)
+        if isinstance(cmd, _Placeholder) and not self._listing:
+            cmd = self.commands[name] = _load(name)
+        return cmd
+
+
 app = typer.Typer(help="Differentially private, bandwidth-efficient federated learning.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=_LazyGroup)
 bench_app = typer.Typer(help="Benchmarks that print measured numbers.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console()
-
-# sub-apps living beside their packages: (module, attribute, command name, help)
-_SUBAPPS = [
-    ("dpfl.privacy.cli", "app", "privacy", "Privacy accounting: ε for σ, σ for ε."),
-    ("dpfl.data.cli", "app", "data", "Datasets and partitions."),
-    ("dpfl.models.cli", "app", "models", "Models."),
-    ("dpfl.pate.cli", "app", "pate", "PATE analysis."),
-    ("dpfl.dpsgd.cli", "app", "dpsgd", "Record-level DP-SGD."),
-    ("dpfl.collab.cli", "app", "collab", "FedCollabNN and private dataset generation."),
-    ("dpfl.attacks.cli", "app", "attacks", "Membership inference and attack tools."),
-    ("dpfl.flower.cli", "app", "flower", "Deployment over Flower."),
-    ("dpfl.experiments.accounting_cli", "app", "accounting", "Accounting comparison (Jayaraman & Evans)."),
-    ("dpfl.classic.cli", "app", "classic", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
-    ("dpfl.stats.cli", "app", "stats", "DP statistics of a column: mean, count, histogram."),
-]
-for _mod, _attr, _name, _help in _SUBAPPS:
-    try:
-        _m = importlib.import_module(_mod)
-    except ModuleNotFoundError as _e:
-        if _e.name != _mod:
-            raise
-        continue
-    app.add_typer(getattr(_m, _attr), name=_name, help=_help)
-    if _name == "collab":  # `dpfl generate CONFIG` is the same command as `dpfl collab generate`
-        app.command("generate", help="Private dataset generation: teachers label public data by noisy max "
-                                     "(NPZ + CSV + privacy report).")(_m.generate_cmd)
 
 
 def _fail(e: Exception) -> None:
@@ -54,6 +98,8 @@ def _fail(e: Exception) -> None:
 
 
 def _progress() -> Progress:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                     console=console, transient=False)
@@ -286,7 +332,7 @@ def publish(
 @app.command()
 def schemes() -> None:
     """List the schemes."""
-    from dpfl.schemes.registry import list_schemes
+    from dpfl.schemes.index import list_schemes
 
     for name, desc in list_schemes().items():
         console.print(f"[bold]{name:14s}[/bold] {desc}")
@@ -303,6 +349,19 @@ def bench_engine(
     from dpfl.engine.bench import run_bench
 
     res = run_bench(rounds=rounds, clients=clients, device=device, console=console)
+    if json_out:
+        console.print_json(json.dumps(res))
+
+
+@bench_app.command("cli")
+def bench_cli(
+    reps: int = typer.Option(5, min=1, help="Timed runs per command (median, min, max)."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
+) -> None:
+    """Start-up: `dpfl --help`, `dpfl schemes`, `dpfl privacy epsilon` as fresh processes vs `python -c pass`."""
+    from dpfl.cli.bench import run_bench
+
+    res = run_bench(reps=reps, console=console)
     if json_out:
         console.print_json(json.dumps(res))
 

@@ -12,14 +12,16 @@ runs its round with the client work done remotely:
 
 It talks to clients through an `Exchange` (send one content per node, collect the replies);
 `dpfl.flower.server` gives it Flower's Grid, `dpfl.flower.loopback` an in-process one.
-A round whose secure sum cannot complete (too few clients at some phase) releases nothing:
-the model stays as it was and no privacy event is recorded.
+A round whose secure sum cannot complete (too few clients at some phase, or shares that cannot be
+corrected and verified: `RoundAborted`) releases nothing: the model stays as it was and no
+privacy event is recorded. A client's malformed reply only drops that client (docs/threat-model.md).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import wire
 from dpfl.flower.node import OsSeeds, decode_sum, round_secagg
 from dpfl.schemes.base import Received, RoundContext
+from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
 from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server
 from dpfl.secagg.simulate import make_config
@@ -232,35 +235,43 @@ class Coordinator:
         graph = dict(shape.neighbours)
         sec = {"bits": 0, "d": 0, "threshold": shape.threshold, "min_survivors": shape.min_survivors, "graph": graph}
         node_at = {i: self.node_of[int(c)] for i, c in enumerate(cohort)}
-        adv = {i: AdvertiseKeys(i, r, *self.round_keys[int(c)][r - 1]) for i, c in enumerate(cohort)}
+        adv = {}
+        for i, c in enumerate(cohort):  # keys of small order are rejected here: that client sits the round out
+            try:
+                keys = [kx.check_public(pk, f"client {int(c)}") for pk in self.round_keys[int(c)][r - 1]]
+                adv[i] = AdvertiseKeys(i, r, *keys)
+            except ProtocolError as e:
+                self.log(f"round {r}: rejected client {int(c)}: {e}")
         model = wire.vector_record(self.sim.w.detach().cpu().numpy())
 
         def contents(ids, extra: Callable[[int], dict]) -> dict[int, RecordDict]:
             return {node_at[i]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i, sec), **extra(i)}) for i in ids}
 
         # phase 1: train, encode, share keys with the neighbours (keys advertised in the hello)
-        neighbour_keys = {i: {v: (adv[v].enc_pk, adv[v].mask_pk) for v in graph[i]} for i in range(k)}
-        replies = self.send("train.sa_train", contents(range(k), lambda i: {
+        neighbour_keys = {i: {v: (adv[v].enc_pk, adv[v].mask_pk) for v in graph[i] if v in adv} for i in adv}
+        replies = self.send("train.sa_train", contents(sorted(adv), lambda i: {
             wire.MODEL: model, "keys": wire.keys_record(neighbour_keys[i])}))
         got = {}
-        for i in range(k):
+        for i in sorted(adv):
             parsed = self.read(r, int(cohort[i]), replies.get(node_at[i]),
                                lambda m: (wire.read_shape(m, True), wire.read_share(m[wire.SECAGG])))
             if parsed:
                 got[i] = parsed
         if not got:
             raise RoundAborted(f"round {r}: no client answered")
-        dims = {shape for shape, _ in got.values()}
-        if len(dims) > 1:
-            raise ProtocolError(f"round {r}: clients disagree on (d, b): {sorted(dims)}")
-        d, bits = dims.pop()
+        votes = Counter(shape for shape, _ in got.values())  # (d, b): the most common wins, others are rejected
+        (d, bits), top = votes.most_common(1)[0]
+        if list(votes.values()).count(top) > 1:
+            raise RoundAborted(f"round {r}: clients disagree on (d, b): {sorted(votes)}")
+        for i in [i for i, (shape, _) in got.items() if shape != (d, bits)]:
+            self.log(f"round {r}: rejected client {int(cohort[i])}: (d, b) = {got.pop(i)[0]}, most sent {(d, bits)}")
         sa = round_secagg(transport, k, d)
         if sa.round_bits(k) != bits:
-            raise ProtocolError(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
+            raise RoundAborted(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
         sec.update(bits=bits, d=d)
         server = Server(RoundConfig(r, k, d, bits, shape.neighbours, shape.threshold, shape.min_survivors),
                         workers=default_workers())
-        proto = np.array([adv[i].wire_nbytes for i in range(k)], dtype=np.int64)  # sent with the hello
+        proto = np.array([adv[i].wire_nbytes if i in adv else 0 for i in range(k)], dtype=np.int64)  # sent with the hello
 
         def take(i: int, msg: Any) -> bool:
             try:
@@ -272,7 +283,7 @@ class Coordinator:
                 return False
             return True
 
-        for i in range(k):
+        for i in sorted(adv):
             server.receive(adv[i])
         if server.close_advertise() != neighbour_keys:
             raise RuntimeError("the protocol server's key sets differ from those sent")  # cannot happen

@@ -16,7 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from dpfl.compression.base import Payload
 from dpfl.compression.bits import packed_nbytes, unpack_uint
-from dpfl.errors import ProtocolError
+from dpfl.errors import ConfigError, ProtocolError
 from dpfl.secagg.protocol import (
     AdvertiseKeys,
     MaskedInput,
@@ -87,15 +87,15 @@ class RoundPlan:
     def from_record(cls, rec: ConfigRecord) -> RoundPlan:
         w = "round plan"
         ints = {k: _get(rec, k, int, w) for k in ("round", "index", "answering", "n_selected", "steps", "batch")}
-        cohort = [int(x) for x in _get(rec, "cohort", list, w)]
-        sizes = [int(x) for x in _get(rec, "sizes", list, w)]
+        cohort = _ints(_get(rec, "cohort", list, w), f"{w}: cohort")
+        sizes = _ints(_get(rec, "sizes", list, w), f"{w}: sizes")
         if len(cohort) != len(sizes) or not 0 <= ints["index"] < len(cohort):
             raise ProtocolError(f"{w}: cohort, sizes and index disagree ({len(cohort)}, {len(sizes)}, "
                                 f"{ints['index']})")
         sec: dict[str, Any] = {}
         if "sa_bits" in rec:
-            degree = [int(x) for x in _get(rec, "sa_degree", list, w)]
-            edges = [int(x) for x in _get(rec, "sa_edges", list, w)]
+            degree = _ints(_get(rec, "sa_degree", list, w), f"{w}: sa_degree")
+            edges = _ints(_get(rec, "sa_edges", list, w), f"{w}: sa_edges")
             if len(degree) != len(cohort) or sum(degree) != len(edges):
                 raise ProtocolError(f"{w}: the neighbour graph does not match the cohort")
             graph, pos = {}, 0
@@ -113,8 +113,11 @@ class RoundPlan:
         s = self.secagg
         if not s:
             raise ProtocolError(f"round {self.round}: the plan has no secure-aggregation configuration")
-        return RoundConfig(self.round, len(self.cohort), s["d"] if d is None else d, s["bits"] if bits is None else bits,
-                           s["graph"], s["threshold"], s["min_survivors"])
+        try:
+            return RoundConfig(self.round, len(self.cohort), s["d"] if d is None else d,
+                               s["bits"] if bits is None else bits, s["graph"], s["threshold"], s["min_survivors"])
+        except ConfigError as e:
+            raise ProtocolError(f"round {self.round}: the plan's secure-sum configuration is invalid: {e}") from None
 
 
 def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]:
@@ -205,13 +208,15 @@ def read_advertise(rec: ConfigRecord) -> AdvertiseKeys:
 
 def share_record(m: ShareKeys) -> ConfigRecord:
     to = sorted(m.ciphertexts)
-    return ConfigRecord({"sender": m.sender, "round": m.round_id, "to": to, "ct": [m.ciphertexts[v] for v in to]})
+    return ConfigRecord({"sender": m.sender, "round": m.round_id, "to": to, "ct": [m.ciphertexts[v] for v in to],
+                         "commit": m.commitment})
 
 
 def read_share(rec: ConfigRecord) -> ShareKeys:
     w = "ShareKeys"
     to, ct = _get(rec, "to", list, w), _get(rec, "ct", list, w)
-    return ShareKeys(_get(rec, "sender", int, w), _get(rec, "round", int, w), _pairs(to, ct, w))
+    return ShareKeys(_get(rec, "sender", int, w), _get(rec, "round", int, w), _pairs(to, ct, w),
+                     _get(rec, "commit", bytes, w))
 
 
 def masked_record(m: MaskedInput) -> ConfigRecord:
@@ -243,7 +248,10 @@ def request_record(r: UnmaskRequest) -> ConfigRecord:
 
 def read_request(rec: ConfigRecord) -> UnmaskRequest:
     w = "UnmaskRequest"
-    return UnmaskRequest(_get(rec, "round", int, w), frozenset(int(x) for x in _get(rec, "survivors", list, w)))
+    ids = _ints(_get(rec, "survivors", list, w), f"{w}: survivors")
+    if len(set(ids)) != len(ids):
+        raise ProtocolError(f"{w}: the survivor list repeats an id")
+    return UnmaskRequest(_get(rec, "round", int, w), frozenset(ids))
 
 
 def unmask_record(m: UnmaskShares) -> ConfigRecord:
@@ -268,9 +276,11 @@ def keys_record(keys: dict[int, tuple[bytes, bytes]]) -> ConfigRecord:
 def read_keys(rec: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
     w = "neighbour keys"
     ids, enc, mask = _get(rec, "ids", list, w), _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
-    if not len(ids) == len(enc) == len(mask):
-        raise ProtocolError(f"{w}: ids and keys have different lengths")
-    return {int(v): (bytes(e), bytes(m)) for v, e, m in zip(ids, enc, mask)}
+    if not len(ids) == len(enc) == len(mask) or len(set(_ints(ids, w))) != len(ids):
+        raise ProtocolError(f"{w}: ids and keys have different lengths or an id repeats")
+    if any(not isinstance(x, bytes) or len(x) != 32 for x in (*enc, *mask)):
+        raise ProtocolError(f"{w}: public keys must be 32-byte X25519 keys")
+    return {int(v): (e, m) for v, e, m in zip(ids, enc, mask)}
 
 
 def inbox_record(inbox: dict[int, bytes]) -> ConfigRecord:
@@ -281,6 +291,13 @@ def inbox_record(inbox: dict[int, bytes]) -> ConfigRecord:
 def read_inbox(rec: ConfigRecord) -> dict[int, bytes]:
     w = "inbox"
     return _pairs(_get(rec, "ids", list, w), _get(rec, "ct", list, w), w)
+
+
+def _ints(xs: list, what: str) -> list[int]:
+    """A list of plain integers (not bools, floats or strings), else ProtocolError."""
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in xs):
+        raise ProtocolError(f"{what}: must be a list of integers")
+    return [int(x) for x in xs]
 
 
 def _pairs(ids: list, blobs: list, what: str) -> dict[int, bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize, special
+from scipy import special
 
 from dpfl.errors import PrivacyError
 from dpfl.privacy.events import (
@@ -103,7 +103,9 @@ def calibrate_sigma(
     def g(x: float) -> float:  # log(eps/target), clipped so brentq never sees 0 or inf
         return max(-50.0, min(50.0, math.log(max(eps(math.exp(x)), 1e-300) / target)))
 
-    s = math.exp(optimize.brentq(g, math.log(lo), math.log(hi), xtol=rtol / 4, rtol=1e-12))
+    from scipy.optimize import brentq  # here: importing scipy.optimize slows every `dpfl privacy` start
+
+    s = math.exp(brentq(g, math.log(lo), math.log(hi), xtol=rtol / 4, rtol=1e-12))
     while eps(s) > target:  # step up to the safe side
         s = min(s * (1 + rtol / 2), hi)
     if accountant == "pld":
@@ -157,7 +159,9 @@ def analytic_gaussian_sigma(
         hi += 5
     while f(lo) < 0:
         lo -= 5
-    s = math.exp(optimize.brentq(f, lo, hi, xtol=rtol / 4))
+    from scipy.optimize import brentq  # here: see calibrate_sigma
+
+    s = math.exp(brentq(f, lo, hi, xtol=rtol / 4))
     while analytic_gaussian_delta(s, eps, d) > delta:
         s *= 1 + rtol
     return s

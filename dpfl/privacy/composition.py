@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize
 
 from dpfl.errors import PrivacyError
 from dpfl.privacy import rdp as R
@@ -134,7 +133,9 @@ def _sigma_for_alpha(alpha: float, lam: int, q: float) -> float:
         hi += 5
     while f(lo) < 0:
         lo -= 5
-    s = math.exp(optimize.brentq(f, lo, hi, xtol=1e-13))
+    from scipy.optimize import brentq  # here: importing scipy.optimize slows every `dpfl privacy` start
+
+    s = math.exp(brentq(f, lo, hi, xtol=1e-13))
     while f(math.log(s)) > 0:
         s *= 1 + 1e-12
     return s

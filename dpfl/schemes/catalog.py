@@ -29,41 +29,41 @@ def _ratio(name: str, ratio: float) -> float:
     return float(ratio)
 
 
-@register("fl-sign", "FL-SIGN (Alg. 3): 1-bit sign updates, γ·sign of the unweighted majority vote")
+@register("fl-sign")
 def fl_sign(gamma: float = 0.001) -> Scheme:
     return Scheme("fl-sign", [SignStep(gamma)], PlainTransport(SignCodec()), SumAggregator())
 
 
-@register("signsgd", "signSGD (Bernstein et al.): all clients, one mini-batch, majority vote, 1-bit downstream")
+@register("signsgd")
 def signsgd(gamma: float = 0.001) -> Scheme:
     return Scheme("signsgd", [SignStep(gamma, one_bit_downstream=True)], PlainTransport(SignCodec()),
                   SumAggregator(), train_overrides={"steps": 1}, all_clients=True)
 
 
-@register("fl-cs", "FL-CS (Alg. 4): chunked DCT compression; BPDN with momentum and error feedback")
+@register("fl-cs")
 def fl_cs(ratio: float = 0.05, chunks: int = 200, lam: float = 1e-5, server_lr: float = 0.35,
           momentum: float = 0.9, max_iter: int = 1000, tol: float = 3e-3) -> Scheme:
     step = CompressiveSensingStep(_ratio("fl-cs", ratio), chunks, lam, server_lr, momentum, max_iter, tol)
     return Scheme("fl-cs", [step], PlainTransport(), MeanAggregator())
 
 
-@register("fl-rnd", "FL-RND (Alg. 5): a fresh seed-shared random m-subset each round")
+@register("fl-rnd")
 def fl_rnd(ratio: float = 0.05) -> Scheme:
     return Scheme("fl-rnd", [RandomSubsetStep(_ratio("fl-rnd", ratio))], PlainTransport(), WeightedMeanAggregator())
 
 
-@register("fl-freq", "FL-FREQ (Alg. 6): first m DCT coefficients, inverse DCT (low-pass), no BPDN")
+@register("fl-freq")
 def fl_freq(ratio: float = 0.05) -> Scheme:
     return Scheme("fl-freq", [LowPassDCTStep(_ratio("fl-freq", ratio))], PlainTransport(), WeightedMeanAggregator())
 
 
-@register("fl-top", "FL-TOP (Alg. 7–8): Top-K set from public data, Top-K SGD, K values both ways")
+@register("fl-top")
 def fl_top(ratio: float = 0.005, init_steps: int = 5, init_lr: float = 0.215, task: str = "multiclass") -> Scheme:
     return Scheme("fl-top", [TopKStep(_ratio("fl-top", ratio), init_steps, init_lr, task)], PlainTransport(),
                   MeanAggregator())
 
 
-@register("fl-basic", "FL-BASIC (§4.2.2): a random trainable K-subset re-selected each round, full model down")
+@register("fl-basic")
 def fl_basic(ratio: float = 0.005) -> Scheme:
     return Scheme("fl-basic", [RandomSubsetStep(_ratio("fl-basic", ratio), mask_training=True)], PlainTransport(),
                   MeanAggregator())

@@ -223,7 +223,7 @@ def _median_auto(compress: list[Step], clip_clients):
 # ---- the schemes ----------------------------------------------------------------------------------
 
 
-@register("fl-std-dp", "FL-STD-DP (thesis Alg. 10): clip to S, Gaussian noise shares, secure sum, mean")
+@register("fl-std-dp")
 def fl_std_dp(n_params, cohort_size, sampling_rate, rounds, privacy, sigma: float | None = None,
               epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
               noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,
@@ -235,8 +235,7 @@ def fl_std_dp(n_params, cohort_size, sampling_rate, rounds, privacy, sigma: floa
                             **_common(locals()))
 
 
-@register("fl-cs-dp", "FL-CS-DP (Alg. 11): DCT compress, clip, noise, secure sum; BPDN with momentum and "
-                      "error feedback on the server")
+@register("fl-cs-dp")
 def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05, chunks: int = 200,
              lam: float | str = 1e-5, server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000,
              tol: float = 3e-3, sigma: float | None = None, epsilon: float | None = None,
@@ -251,7 +250,7 @@ def fl_cs_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float
     return scheme
 
 
-@register("fl-rnd-dp", "FL-RND-DP (Alg. 12): a fresh shared random m-subset, clip, noise, secure sum")
+@register("fl-rnd-dp")
 def fl_rnd_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
               sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
               tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool | None = None,
@@ -263,7 +262,7 @@ def fl_rnd_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: floa
                             **_common(locals()))
 
 
-@register("fl-freq-dp", "FL-FREQ-DP (Alg. 13): first m DCT coefficients, clip, noise, secure sum, low-pass")
+@register("fl-freq-dp")
 def fl_freq_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.05,
                sigma: float | None = None, epsilon: float | None = None, clip: float | str = "auto",
                tolerate: int = 0, noise: str = "distributed", secure_aggregation: bool | None = None,
@@ -275,7 +274,7 @@ def fl_freq_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: flo
                             **_common(locals()))
 
 
-@register("fl-top-dp", "FL-TOP-DP (Alg. 14): Top-K set from public data, Top-K SGD, clip, noise, secure sum")
+@register("fl-top-dp")
 def fl_top_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005, init_steps: int = 5,
               init_lr: float = 0.215, task: str = "multiclass", sigma: float | None = None,
               epsilon: float | None = None, clip: float | str = "auto", tolerate: int = 0,
@@ -288,7 +287,7 @@ def fl_top_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: floa
                             auto_clip=lambda ctx: sensitivity.public_topk(ctx, top.indices), **_common(locals()))
 
 
-@register("fl-basic-dp", "FL-BASIC-DP (§5.4.5): a fresh random trainable K-subset each round, clip, noise")
+@register("fl-basic-dp")
 def fl_basic_dp(n_params, cohort_size, sampling_rate, rounds, privacy, ratio: float = 0.005,
                 clip_repeats: int = 100, sigma: float | None = None, epsilon: float | None = None,
                 clip: float | str = "auto", tolerate: int = 0, noise: str = "distributed",
@@ -311,8 +310,7 @@ def _common(args: dict[str, Any]) -> dict[str, Any]:
     return {k: args[k] for k in _COMMON}
 
 
-@register("fl-sign-dp", "FL-SIGN-DP (Alg. 9): z ~ DG(sign(Δw), √n·σ/√(|K|−l)), secure sum over Z_2^b, "
-                        "γ·sign of the sum")
+@register("fl-sign-dp")
 def fl_sign_dp(n_params, cohort_size, sampling_rate, rounds, privacy, gamma: float = 0.005,
                sigma: float | None = None, epsilon: float | None = None, tolerate: int = 0,
                noise: str = "distributed", secure_aggregation: bool | None = None, neighbours: int | None = None,

@@ -44,14 +44,14 @@ def _check_prox_stability(scheme: str, name: str, value: float, train: Any) -> N
                           f"so local SGD diverges on the proximal term; use {name} < {2 / train.lr:.4g}")
 
 
-@register("fedprox", "FedProx (Li et al.): FL-STD with the proximal term mu/2·‖w − w_t‖² in local training")
+@register("fedprox")
 def fedprox(mu: float = 0.01, train: Any = None) -> Scheme:
     mu = _number("fedprox", "mu", mu, 0)
     _check_prox_stability("fedprox", "mu", mu, train)
     return Scheme("fedprox", [], PlainTransport(), WeightedMeanAggregator(), train_overrides={"prox_mu": mu})
 
 
-@register("fsvrg", "FSVRG (Konečný et al.): round-start full gradient, one SVRG pass per client, step h/n_k")
+@register("fsvrg")
 def fsvrg(h: float = 1.0, batch_size: int = 1) -> Scheme:
     h = _number("fsvrg", "h", h, 0, lo_open=True)
     batch_size = _integer("fsvrg", "batch_size", batch_size, 1)
@@ -60,7 +60,7 @@ def fsvrg(h: float = 1.0, batch_size: int = 1) -> Scheme:
                                    "prox_mu": 0.0, "batch_size": batch_size})
 
 
-@register("feddyn", "FedDyn (Acar et al.): stateful clients with a dynamic regulariser alpha, server h correction")
+@register("feddyn")
 def feddyn(alpha: float = 0.01, state_dtype: str = "float32", train: Any = None) -> Scheme:
     alpha = _number("feddyn", "alpha", alpha, 0, lo_open=True)
     _check_prox_stability("feddyn", "alpha", alpha, train)
@@ -69,8 +69,7 @@ def feddyn(alpha: float = 0.01, state_dtype: str = "float32", train: Any = None)
                   train_overrides={"prox_mu": alpha})
 
 
-@register("sub-fedavg", "Sub-FedAvg (Vahidian et al.), unstructured: personal masks by magnitude pruning, "
-                        "averaged on the intersection")
+@register("sub-fedavg")
 def sub_fedavg(sparsity: float = 0.5, prune_rate: float = 0.2, personal_eval: int = 500) -> Scheme:
     sparsity = _number("sub-fedavg", "sparsity", sparsity, 0, 1, hi_open=True)
     prune_rate = _number("sub-fedavg", "prune_rate", prune_rate, 0, 1, lo_open=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch
 from dpfl.compression.base import Float32Codec
 from dpfl.errors import ConfigError
 from dpfl.schemes.base import Aggregator, RoundContext, SetupContext, Step, Transport
+from dpfl.schemes.index import SCHEMES, list_schemes  # noqa: F401  (list_schemes re-exported)
 from dpfl.schemes.std import ServerLR
 from dpfl.schemes.transport import PlainTransport, WeightedMeanAggregator
 
@@ -63,29 +65,30 @@ def float32_nbytes(values: torch.Tensor) -> int:
 
 
 Builder = Callable[..., Scheme]
-_REGISTRY: dict[str, tuple[Builder, str]] = {}
+_REGISTRY: dict[str, Builder] = {}
 
 
-def register(name: str, help: str = "") -> Callable[[Builder], Builder]:
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Register a builder under `name`, which dpfl/schemes/index.py must list with the builder's module."""
+
     def deco(fn: Builder) -> Builder:
-        _REGISTRY[name] = (fn, help)
+        listed = SCHEMES.get(name, ("nothing",))[0]
+        if listed != fn.__module__:
+            raise ValueError(f"scheme {name!r} is built in {fn.__module__}, but dpfl/schemes/index.py lists "
+                             f"{listed} for it: add or correct its entry there")
+        _REGISTRY[name] = fn
         return fn
 
     return deco
 
 
-def list_schemes() -> dict[str, str]:
-    _load_all()
-    return {k: v[1] for k, v in sorted(_REGISTRY.items())}
-
-
 def build_scheme(name: str, options: dict[str, Any], env: dict[str, Any]) -> Scheme:
     """Build scheme `name`. `options` come from the config; `env` carries run facts
     (n_params, cohort_size, train config, ...) that builders may take as keyword arguments."""
-    _load_all()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown scheme {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
-    fn = _REGISTRY[name][0]
+    if name not in SCHEMES:
+        raise ConfigError(f"unknown scheme {name!r}; allowed: {', '.join(sorted(SCHEMES))}")
+    importlib.import_module(SCHEMES[name][0])  # registers the schemes it builds
+    fn = _REGISTRY[name]
     params = inspect.signature(fn).parameters
     env_keys = {k for k in params if k in env}
     allowed = [k for k in params if k not in env_keys and k != "env"]
@@ -101,36 +104,17 @@ def build_scheme(name: str, options: dict[str, Any], env: dict[str, Any]) -> Sch
         raise ConfigError(f"scheme {name!r}: {e}") from None
 
 
-_LOADED = False
-
-
-def _load_all() -> None:
-    """Import the modules that register schemes (kept lazy so a broken optional module is named)."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    import importlib
-
-    for mod in ("dpfl.schemes.catalog", "dpfl.schemes.catalog_dp", "dpfl.schemes.catalog_fl"):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-
-
-@register("fl-std", "FL-STD (thesis §2.1): local SGD, data-size-weighted mean of updates (FedAvg)")
+@register("fl-std")
 def fl_std() -> Scheme:
     return Scheme("fl-std", [], PlainTransport(), WeightedMeanAggregator())
 
 
-@register("fedavg", "FedAvg (McMahan et al.), same as fl-std")
+@register("fedavg")
 def fedavg() -> Scheme:
     return Scheme("fedavg", [], PlainTransport(), WeightedMeanAggregator())
 
 
-@register("fedsgd", "FedSGD: one full-batch gradient per client, server step η·weighted mean")
+@register("fedsgd")
 def fedsgd(server_lr: float = 0.1) -> Scheme:
     if server_lr <= 0:
         raise ConfigError(f"scheme 'fedsgd': server_lr must be > 0, got {server_lr}")

@@ -1,32 +1,41 @@
-"""The secure-aggregation protocol of Bonawitz et al. (CCS 2017), semi-honest variant, with
-the sparse neighbour graph of SecAgg+ (Bell et al., CCS 2020) as an option.
+"""The secure-aggregation protocol of Bonawitz et al. (CCS 2017), with the sparse neighbour graph
+of SecAgg+ (Bell et al., CCS 2020) as an option, hardened against a dishonest server and hostile
+clients (threat model: docs/threat-model.md).
 
 One round, over Z_(2^b), for clients 0..n−1 with neighbour sets N(u) (all others, or a
-k-regular graph, see `graph.py`) and Shamir threshold t:
+k-regular graph, see `graph.py`) and Shamir threshold t > max degree / 2:
 
-0. AdvertiseKeys: u sends two X25519 public keys (share encryption, masking). Server: U1.
+0. AdvertiseKeys: u sends two X25519 public keys (share encryption, masking), signed when the
+   round uses signatures. Server: U1 (keys of small order are rejected).
 1. ShareKeys: u draws a self-mask seed b_u and Shamir-shares b_u and its masking private key
    s_u among N(u) ∩ U1 (t-of-|N(u) ∩ U1|), each share encrypted to its holder with AES-GCM
-   under the HKDF'd X25519 key of the pair. Server: U2, forwards ciphertexts.
+   under the HKDF'd X25519 key of the pair, and commits to b_u (SHA-256). Server: U2.
 2. MaskedInput: u sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(s_uv) mod 2^b
    (+ if u < v, − otherwise; s_uv = HKDF(X25519(s_u, S_v))). The server adds y_u to its
    accumulator as it arrives. Server: U3 (the survivors).
-3. Unmasking: the server announces U3; each survivor reveals, for each neighbour v, its share
-   of b_v if v ∈ U3 or of s_v if v ∈ U2 \\ U3 — never both for one v. The server reconstructs
-   the survivors' self-mask seeds and the dropped clients' mask keys, removes those masks, and
-   obtains Σ_{u ∈ U3} x_u mod 2^b.
+   (Optional, signatures: ConsistencyCheck — each survivor signs U3; the server collects the
+   signatures and forwards them with the unmask request.)
+3. Unmasking: the server announces U3; each survivor checks the list (every listed neighbour
+   exchanged keys and shares with it; enough genuine survivors; valid signatures if used) and
+   reveals, for each neighbour v, its share of b_v if v ∈ U3 or of s_v if v ∈ U2 \\ U3 — never
+   both for one v, and once per round. The server reconstructs from all the shares it got,
+   correcting and naming wrong ones (`shamir.reconstruct`), checks each seed against its
+   commitment and each key against its public key, removes the masks, and obtains
+   Σ_{u ∈ U3} x_u mod 2^b.
 
-Every message is validated on arrival; a malformed one raises `ProtocolError` with the reason
-and is recorded in `Server.rejected`; its sender is then treated as dropped. The round aborts
+Every message is type- and range-checked on arrival; a malformed one raises `ProtocolError`
+with the reason and is recorded in `Server.rejected`; its sender is then treated as dropped.
+Share senders whose shares were wrong are listed in `Server.cheaters`. The round aborts
 (`RoundAborted`, no sum released, the accumulator discarded) when fewer than `min_survivors`
-clients remain at any step or some secret cannot be reconstructed. Clients check the same
-minimum before revealing shares, so a sum with fewer noise shares than configured is never
-unmasked. The server object holds only public keys, ciphertexts it cannot read, masked vectors
-and the shares it is entitled to.
+clients remain at any step or some secret cannot be reconstructed and verified: `RoundAborted`
+is the one exception drivers treat as an aborted round (nothing released, nothing charged).
+The server object holds only public keys, ciphertexts it cannot read, masked vectors and the
+shares it is entitled to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,15 +55,25 @@ from dpfl.secagg.ring import check_bits, reduce, word_dtype
 NONCE_BYTES = 12
 ID_BYTES = 4  # client ids on the wire
 HEADER_BYTES = ID_BYTES + 8  # sender id + round id, in front of every message
+COMMIT_BYTES = 32
+CIPHERTEXT_BYTES = NONCE_BYTES + 2 * shamir.SHARE_BYTES + 16  # nonce ‖ AES-GCM(two shares) ‖ tag
 
 
 class RoundAborted(ProtocolError):
-    """The round stopped without releasing a sum (too few survivors or shares)."""
+    """The round stopped without releasing a sum (too few survivors or shares, or shares that
+    cannot be reconstructed and verified). Drivers treat it as an aborted round: no model update,
+    nothing charged to the privacy ledger."""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
 class RoundConfig:
-    """What every party knows before the round starts."""
+    """What every party knows before the round starts. `signing_keys` (optional, the active-server
+    model): each client's Ed25519 verification key, from a PKI outside the protocol; with them,
+    advertised keys are signed and clients unmask only after the signed consistency check."""
 
     round_id: int
     n_clients: int
@@ -63,10 +82,13 @@ class RoundConfig:
     neighbours: Mapping[int, tuple[int, ...]]
     threshold: int  # Shamir t: shares needed per secret
     min_survivors: int  # fewer inputs than this → abort
+    signing_keys: Mapping[int, bytes] | None = None
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         n = self.n_clients
+        if not all(_is_int(v) for v in (self.round_id, n, self.d, self.threshold, self.min_survivors)):
+            raise ConfigError("round id, n_clients, d, threshold and min_survivors must be integers")
         if n < 2 or self.d < 1:
             raise ConfigError(f"need n_clients ≥ 2 and d ≥ 1, got {n} and {self.d}")
         if set(self.neighbours) != set(range(n)):
@@ -74,13 +96,21 @@ class RoundConfig:
         for u, nb in self.neighbours.items():
             if u in nb or any(not 0 <= v < n or u not in self.neighbours[v] for v in nb):
                 raise ConfigError(f"neighbour graph must be symmetric without self-loops (client {u})")
-        degree = min(len(nb) for nb in self.neighbours.values())
-        if not 1 <= self.threshold <= degree:
+        degrees = [len(nb) for nb in self.neighbours.values()]
+        lo, hi = min(degrees), max(degrees)
+        if not hi // 2 + 1 <= self.threshold <= lo:
             raise ConfigError(
-                f"threshold t must be in [1, {degree}] (smallest neighbour count), got {self.threshold}"
+                f"threshold t must be in [{hi // 2 + 1}, {lo}] (more than half the largest neighbour count, "
+                f"at most the smallest), got {self.threshold}: with 2t ≤ degree a server sending different "
+                "survivor lists could collect both kinds of share for one client"
             )
         if not 1 <= self.min_survivors <= n:
             raise ConfigError(f"min_survivors must be in [1, {n}], got {self.min_survivors}")
+        if self.signing_keys is not None and (
+            set(self.signing_keys) != set(range(n))
+            or any(not isinstance(k, bytes) or len(k) != kx.KEY_BYTES for k in self.signing_keys.values())
+        ):
+            raise ConfigError(f"signing_keys must give a 32-byte Ed25519 key for each client 0..{n - 1}")
 
     @property
     def dtype(self) -> np.dtype:
@@ -96,10 +126,11 @@ class AdvertiseKeys:
     round_id: int
     enc_pk: bytes  # X25519 public key for share encryption
     mask_pk: bytes  # X25519 public key for pairwise masks
+    signature: bytes = b""  # Ed25519 over (round, sender, keys), when the round uses signatures
 
     @property
     def wire_nbytes(self) -> int:
-        return HEADER_BYTES + len(self.enc_pk) + len(self.mask_pk)
+        return HEADER_BYTES + len(self.enc_pk) + len(self.mask_pk) + len(self.signature)
 
 
 @dataclass(frozen=True)
@@ -107,10 +138,11 @@ class ShareKeys:
     sender: int
     round_id: int
     ciphertexts: Mapping[int, bytes]  # recipient → nonce ‖ AES-GCM(share of s_u ‖ share of b_u)
+    commitment: bytes = b""  # SHA-256 commitment to the self-mask seed b_u (`seed_commitment`)
 
     @property
     def wire_nbytes(self) -> int:
-        return HEADER_BYTES + sum(ID_BYTES + len(c) for c in self.ciphertexts.values())
+        return HEADER_BYTES + len(self.commitment) + sum(ID_BYTES + len(c) for c in self.ciphertexts.values())
 
 
 @dataclass(frozen=True)
@@ -131,9 +163,19 @@ class MaskedInput:
 
 
 @dataclass(frozen=True)
+class SurvivorSignature:
+    """Consistency check (signatures only): a survivor's signature of the survivor list U3."""
+
+    sender: int
+    round_id: int
+    signature: bytes
+
+
+@dataclass(frozen=True)
 class UnmaskRequest:
     round_id: int
     survivors: frozenset[int]  # U3
+    signatures: Mapping[int, bytes] = field(default_factory=dict)  # signer → signature of U3
 
 
 @dataclass(frozen=True)
@@ -157,36 +199,93 @@ def _sign(u: int, v: int) -> int:
     return 1 if u < v else -1
 
 
+def seed_commitment(round_id: int, sender: int, seed: bytes) -> bytes:
+    """SHA-256 commitment to a 32-byte uniformly random self-mask seed (hiding: the seed is random)."""
+    return hashlib.sha256(b"dpfl-secagg/self-seed" + struct.pack("<qI", round_id, sender) + seed).digest()
+
+
+def keys_statement(round_id: int, sender: int, enc_pk: bytes, mask_pk: bytes) -> bytes:
+    """What a client signs when it advertises its keys."""
+    return b"dpfl-secagg/keys" + struct.pack("<qI", round_id, sender) + enc_pk + mask_pk
+
+
+def survivors_statement(round_id: int, survivors: frozenset[int]) -> bytes:
+    """What a survivor signs in the consistency check: the round and the sorted list U3."""
+    ids = sorted(int(v) for v in survivors)
+    return b"dpfl-secagg/survivors" + struct.pack(f"<qI{len(ids)}I", round_id, len(ids), *ids)
+
+
+def _check_ids(ids: object, n: int, what: str) -> frozenset[int]:
+    """A set of client ids in [0, n) (ints, not bools), else ProtocolError."""
+    if not isinstance(ids, (set, frozenset, Mapping)):
+        raise ProtocolError(f"{what}: expected a set of client ids, got {type(ids).__name__}")
+    if not all(_is_int(v) and 0 <= v < n for v in ids):
+        raise ProtocolError(f"{what}: client ids must be integers in [0, {n})")
+    return frozenset(int(v) for v in ids)
+
+
 # ---------------------------------------------------------------- client
 
 
 class Client:
-    """One honest client. `rng=None` draws keys and seeds from the OS (deployment)."""
+    """One honest client. `rng=None` draws keys and seeds from the OS (deployment). `signer`: its
+    Ed25519 signing key, required when the round config has `signing_keys`."""
 
-    def __init__(self, cid: int, config: RoundConfig, rng: CryptoRNG | None = None):
-        if not 0 <= cid < config.n_clients:
+    def __init__(self, cid: int, config: RoundConfig, rng: CryptoRNG | None = None, signer=None):
+        if not _is_int(cid) or not 0 <= cid < config.n_clients:
             raise ConfigError(f"client id must be in [0, {config.n_clients}), got {cid}")
-        self.id, self.cfg = cid, config
+        if (config.signing_keys is not None) and (
+            signer is None or kx.verification_bytes(signer) != config.signing_keys[cid]
+        ):
+            raise ConfigError(
+                f"client {cid}: the round uses signatures; pass the signing key of its verification key"
+            )
+        self.id, self.cfg = int(cid), config
+        self._signer = signer if config.signing_keys is not None else None
         self._rng = rng if rng is not None else CryptoRNG()
         self._enc_sk = kx.new_private_key(rng)
         self._mask_sk = kx.new_private_key(rng)
         self._self_seed: bytes | None = None
         self._keys: dict[int, tuple[bytes, bytes]] = {}  # neighbour → (enc_pk, mask_pk), in U1
         self._enc_keys: dict[int, bytes] = {}  # neighbour → AES-GCM key of the pair
-        self._inbox: dict[int, bytes] = {}  # neighbour in U2 → ciphertext addressed to me
-        self._unmasked = False
+        self._shares: dict[int, tuple[bytes, bytes]] = {}  # neighbour in U2 → (share of s_v, of b_v) for me
+        self.bad_senders: dict[int, str] = {}  # neighbour in U2 whose encrypted shares were unusable → why
+        self._signed: frozenset[int] | None = None
+        self._inbox_taken = self._unmasked = False
 
     def advertise(self) -> AdvertiseKeys:
-        return AdvertiseKeys(
-            self.id, self.cfg.round_id, kx.public_bytes(self._enc_sk), kx.public_bytes(self._mask_sk)
+        enc, mask = kx.public_bytes(self._enc_sk), kx.public_bytes(self._mask_sk)
+        sig = (
+            b""
+            if self._signer is None
+            else kx.sign(self._signer, keys_statement(self.cfg.round_id, self.id, enc, mask))
         )
+        return AdvertiseKeys(self.id, self.cfg.round_id, enc, mask, sig)
 
-    def share_keys(self, keys: Mapping[int, tuple[bytes, bytes]]) -> ShareKeys:
+    def _check_keys(self, keys: object) -> dict[int, tuple[bytes, bytes]]:
+        me = f"client {self.id}"
+        if not isinstance(keys, Mapping):
+            raise ProtocolError(f"{me}: neighbour keys must be a mapping, got {type(keys).__name__}")
+        ids = _check_ids(keys, self.cfg.n_clients, f"{me}: neighbour keys")
         mine = set(self.cfg.neighbours[self.id])
-        if not set(keys) <= mine:
-            raise ProtocolError(
-                f"client {self.id}: server sent keys of non-neighbours {sorted(set(keys) - mine)}"
-            )
+        if not ids <= mine:
+            raise ProtocolError(f"{me}: server sent keys of non-neighbours {sorted(ids - mine)}")
+        out = {}
+        for v, entry in keys.items():
+            n = 2 if self.cfg.signing_keys is None else 3
+            if not isinstance(entry, tuple) or len(entry) != n:
+                raise ProtocolError(f"{me}: keys of client {v} must be a tuple of {n} byte strings")
+            enc = kx.check_public(entry[0], f"{me}: client {v}'s encryption key")
+            mask = kx.check_public(entry[1], f"{me}: client {v}'s masking key")
+            if n == 3 and not kx.verify(
+                self.cfg.signing_keys[int(v)], entry[2], keys_statement(self.cfg.round_id, int(v), enc, mask)
+            ):
+                raise ProtocolError(f"{me}: the keys of client {v} are not signed by client {v}")
+            out[int(v)] = (enc, mask)
+        return out
+
+    def share_keys(self, keys: Mapping[int, tuple[bytes, ...]]) -> ShareKeys:
+        keys = self._check_keys(keys)
         if len(keys) < self.cfg.threshold:
             raise RoundAborted(
                 f"client {self.id}: {len(keys)} neighbours left, threshold is {self.cfg.threshold}"
@@ -204,22 +303,52 @@ class Client:
             nonce = self._rng.bytes(NONCE_BYTES)
             ct = AESGCM(key).encrypt(nonce, s_sh[v + 1] + b_sh[v + 1], _aad(self.cfg.round_id, self.id, v))
             out[v] = nonce + ct
-        return ShareKeys(self.id, self.cfg.round_id, out)
+        return ShareKeys(
+            self.id, self.cfg.round_id, out, seed_commitment(self.cfg.round_id, self.id, self._self_seed)
+        )
+
+    def _open(self, v: int, blob: object) -> tuple[bytes, bytes]:
+        """The two shares client v encrypted to me; ProtocolError if they are unusable."""
+        if not isinstance(blob, bytes) or len(blob) != CIPHERTEXT_BYTES:
+            raise ProtocolError(f"encrypted shares must be {CIPHERTEXT_BYTES} bytes")
+        try:
+            pt = AESGCM(self._enc_keys[v]).decrypt(
+                blob[:NONCE_BYTES], blob[NONCE_BYTES:], _aad(self.cfg.round_id, v, self.id)
+            )
+        except InvalidTag:
+            raise ProtocolError("encrypted shares fail authentication") from None
+        s_share, b_share = pt[: shamir.SHARE_BYTES], pt[shamir.SHARE_BYTES :]
+        shamir.share_values(s_share)
+        shamir.share_values(b_share)
+        return s_share, b_share
 
     def mask_seeds(
         self, inbox: Mapping[int, bytes], agreed: dict[tuple[int, int], bytes] | None = None
     ) -> list[tuple[bytes, int]]:
         """Take the ciphertexts of neighbours in U2; return this client's masks as (seed, sign):
         the self mask (+) and one pairwise mask per neighbour in U2 (+ if id < neighbour, else −).
-        `agreed` (simulation, both ends in one process): pair seeds the other end already derived,
-        keyed by (smaller id, larger id); the agreement is symmetric, so they are the same bytes."""
+        Each ciphertext is opened here; one that fails (garbage, wrong key) is noted in
+        `bad_senders` and its shares are never revealed. `agreed` (simulation, both ends in one
+        process): pair seeds the other end already derived, keyed by (smaller id, larger id); the
+        agreement is symmetric, so they are the same bytes."""
         if self._self_seed is None:
             raise ProtocolError(f"client {self.id}: masked input before sharing keys")
-        if not set(inbox) <= set(self._keys):
+        if self._inbox_taken:
+            raise ProtocolError(f"client {self.id}: a second inbox in one round")
+        if not isinstance(inbox, Mapping):
+            raise ProtocolError(f"client {self.id}: the inbox must be a mapping, got {type(inbox).__name__}")
+        ids = _check_ids(inbox, self.cfg.n_clients, f"client {self.id}: inbox")
+        if not ids <= set(self._keys):
             raise ProtocolError(f"client {self.id}: ciphertexts from clients whose keys it never got")
-        self._inbox = dict(inbox)
+        shares, bad = {}, {}
+        for v in sorted(ids):
+            try:
+                shares[v] = self._open(v, inbox[v])
+            except ProtocolError as e:
+                bad[v] = str(e)
+        self._shares, self.bad_senders, self._inbox_taken = shares, bad, True
         masks = [(self._self_seed, 1)]
-        for v in sorted(inbox):
+        for v in sorted(ids):
             pair = (min(self.id, v), max(self.id, v))
             seed = agreed.get(pair) if agreed is not None else None
             if seed is None:
@@ -230,55 +359,107 @@ class Client:
         return masks
 
     def masked_input(self, x: np.ndarray, inbox: Mapping[int, bytes]) -> MaskedInput:
-        """y = x + Σ masks mod 2^b for `x` (words in Z_(2^b), length d)."""
+        """y = x + Σ masks mod 2^b for `x`: integer words in Z_(2^b), length d (checked: nothing is cast)."""
         x = np.asarray(x)
         if x.shape != (self.cfg.d,):
             raise ConfigError(f"client {self.id}: input must have length {self.cfg.d}, got shape {x.shape}")
+        if x.dtype.kind not in "ui":
+            raise ConfigError(
+                f"client {self.id}: input must be integer words in Z_2^{self.cfg.bits}, got dtype {x.dtype}"
+            )
+        if x.size and (int(x.min()) < 0 or int(x.max()) >> self.cfg.bits):
+            raise ConfigError(f"client {self.id}: input words must lie in [0, 2^{self.cfg.bits})")
         y = np.array(x, dtype=self.cfg.dtype, copy=True, order="C")
         reduce(apply_masks(y, self.mask_seeds(inbox)), self.cfg.bits)
         return MaskedInput(self.id, self.cfg.round_id, self.cfg.bits, y)
 
+    def _check_survivors(self, request: object) -> frozenset[int]:
+        me = f"client {self.id}"
+        if not isinstance(request, UnmaskRequest):
+            raise ProtocolError(f"{me}: expected an UnmaskRequest, got {type(request).__name__}")
+        if request.round_id != self.cfg.round_id or not _is_int(request.round_id):
+            raise ProtocolError(f"{me}: request for round {request.round_id!r}, not {self.cfg.round_id}")
+        if not self._inbox_taken:
+            raise ProtocolError(f"{me}: request before this client sent its masked input")
+        survivors = _check_ids(request.survivors, self.cfg.n_clients, f"{me}: survivor list")
+        if self.id not in survivors:
+            raise ProtocolError(f"{me}: not listed as a survivor, refusing to reveal shares")
+        exchanged = set(self._shares) | set(self.bad_senders)  # neighbours in U2: keys and shares exchanged
+        fake = (survivors & set(self.cfg.neighbours[self.id])) - exchanged
+        if fake:
+            raise ProtocolError(f"{me}: survivors {sorted(fake)} never exchanged keys and shares with it")
+        return survivors
+
+    def sign_survivors(self, request: UnmaskRequest) -> SurvivorSignature:
+        """Consistency check (signatures only): sign the survivor list, once per round."""
+        if self._signer is None:
+            raise ProtocolError(f"client {self.id}: this round has no consistency check")
+        survivors = self._check_survivors(request)
+        if self._signed is not None and self._signed != survivors:
+            raise ProtocolError(f"client {self.id}: already signed a different survivor list this round")
+        self._signed = survivors
+        return SurvivorSignature(
+            self.id,
+            self.cfg.round_id,
+            kx.sign(self._signer, survivors_statement(self.cfg.round_id, survivors)),
+        )
+
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
-        """Reveal b_v shares for surviving neighbours and s_v shares for dropped ones (once per round)."""
-        if request.round_id != self.cfg.round_id:
-            raise ProtocolError(
-                f"client {self.id}: unmask request for round {request.round_id}, not {self.cfg.round_id}"
-            )
+        """Reveal b_v shares for surviving neighbours and s_v shares for dropped ones (once per round),
+        only for a survivor list it can accept: every listed neighbour exchanged keys and shares with
+        it, at least t of them survive, the list has at least min_survivors ids (with signatures: as
+        many valid signatures of this very list, one of them its own)."""
         if self._unmasked:
             raise ProtocolError(f"client {self.id}: already answered an unmask request this round")
-        if self.id not in request.survivors:
-            raise ProtocolError(f"client {self.id}: not listed as a survivor, refusing to reveal shares")
-        if len(request.survivors) < self.cfg.min_survivors:
+        survivors = self._check_survivors(request)
+        cfg, me = self.cfg, f"client {self.id}"
+        genuine = survivors & (set(self._shares) | set(self.bad_senders))
+        if len(genuine) < cfg.threshold:
             raise RoundAborted(
-                f"client {self.id}: only {len(request.survivors)} survivors, "
-                f"at least {self.cfg.min_survivors} required"
+                f"{me}: only {len(genuine)} of its neighbours survive, threshold {cfg.threshold}"
             )
+        if len(survivors) < cfg.min_survivors:
+            raise RoundAborted(
+                f"{me}: only {len(survivors)} survivors, at least {cfg.min_survivors} required"
+            )
+        if cfg.signing_keys is not None:
+            if self._signed != survivors:
+                raise ProtocolError(f"{me}: the survivor list differs from the one it signed")
+            sigs = request.signatures
+            if not isinstance(sigs, Mapping):
+                raise ProtocolError(f"{me}: signatures must be a mapping")
+            statement = survivors_statement(cfg.round_id, survivors)
+            signers = {
+                int(v)
+                for v, s in sigs.items()
+                if _is_int(v) and v in survivors and kx.verify(cfg.signing_keys[int(v)], s, statement)
+            }
+            if len(signers) != len(sigs):
+                raise ProtocolError(f"{me}: invalid or foreign signatures of the survivor list")
+            if len(signers) < max(cfg.min_survivors, cfg.threshold):
+                raise RoundAborted(
+                    f"{me}: {len(signers)} survivors signed the list, at least "
+                    f"{max(cfg.min_survivors, cfg.threshold)} required"
+                )
         self._unmasked = True
         selfs, keys_ = {}, {}
-        for v, blob in self._inbox.items():
-            key = self._enc_keys[v]
-            try:
-                pt = AESGCM(key).decrypt(
-                    blob[:NONCE_BYTES], blob[NONCE_BYTES:], _aad(self.cfg.round_id, v, self.id)
-                )
-            except InvalidTag:
-                raise ProtocolError(f"client {self.id}: shares from client {v} fail authentication") from None
-            s_share, b_share = pt[: shamir.SHARE_BYTES], pt[shamir.SHARE_BYTES :]
-            if v in request.survivors:
+        for v, (s_share, b_share) in self._shares.items():
+            if v in survivors:
                 selfs[v] = b_share
             else:
                 keys_[v] = s_share
-        return UnmaskShares(self.id, self.cfg.round_id, selfs, keys_)
+        return UnmaskShares(self.id, cfg.round_id, selfs, keys_)
 
 
 # ---------------------------------------------------------------- server
 
 
-_PHASES = ("advertise", "share", "masked", "unmask", "done")
+_PHASES = ("advertise", "share", "masked", "consistency", "unmask", "done")
 _MESSAGE_PHASE = {
     AdvertiseKeys: "advertise",
     ShareKeys: "share",
     MaskedInput: "masked",
+    SurvivorSignature: "consistency",
     UnmaskShares: "unmask",
 }
 
@@ -299,8 +480,10 @@ class Server:
         self._cts: dict[int, ShareKeys] = {}
         self._masked: set[int] = set()
         self._acc: np.ndarray | None = np.zeros(self.cfg.d, dtype=self.cfg.dtype)
+        self._sigs: dict[int, SurvivorSignature] = {}
         self._answers: dict[int, UnmaskShares] = {}
         self.survivors: frozenset[int] = frozenset()
+        self.cheaters: set[int] = set()  # clients that sent wrong shares (found in `finish`)
 
     # -- receiving
 
@@ -309,7 +492,8 @@ class Server:
         try:
             self._check(msg)
         except ProtocolError as e:
-            self.rejected.append((getattr(msg, "sender", -1), str(e)))
+            sender = getattr(msg, "sender", -1)
+            self.rejected.append((int(sender) if _is_int(sender) else -1, str(e)))
             raise
         if self.keep_view:
             self.view.append(msg)
@@ -320,6 +504,8 @@ class Server:
         elif isinstance(msg, MaskedInput):
             np.add(self._acc, msg.values, out=self._acc)
             self._masked.add(msg.sender)
+        elif isinstance(msg, SurvivorSignature):
+            self._sigs[msg.sender] = msg
         else:
             self._answers[msg.sender] = msg
 
@@ -328,11 +514,11 @@ class Server:
         if want is None:
             raise ProtocolError(f"unknown message type {type(msg).__name__}")
         u = msg.sender
-        if not isinstance(u, (int, np.integer)) or not 0 <= u < self.cfg.n_clients:
+        if not _is_int(u) or not 0 <= u < self.cfg.n_clients:
             raise ProtocolError(f"unknown sender {u!r}: clients are 0..{self.cfg.n_clients - 1}")
-        if msg.round_id != self.cfg.round_id:
+        if not _is_int(msg.round_id) or msg.round_id != self.cfg.round_id:
             raise ProtocolError(
-                f"message from client {u} is for round {msg.round_id}, this is round {self.cfg.round_id}"
+                f"message from client {u} is for round {msg.round_id!r}, this is round {self.cfg.round_id}"
             )
         if self.phase in ("aborted", "done") or _PHASES.index(want) < _PHASES.index(self.phase):
             raise ProtocolError(
@@ -342,35 +528,52 @@ class Server:
             raise ProtocolError(
                 f"early {type(msg).__name__} from client {u}: the server is in phase {self.phase}"
             )
-        seen = {"advertise": self._keys, "share": self._cts, "masked": self._masked, "unmask": self._answers}[
-            want
-        ]
+        seen = {
+            "advertise": self._keys,
+            "share": self._cts,
+            "masked": self._masked,
+            "consistency": self._sigs,
+            "unmask": self._answers,
+        }[want]
         if u in seen:
             raise ProtocolError(f"duplicate {type(msg).__name__} from client {u}")
         getattr(self, f"_check_{want}")(msg)
 
     def _check_advertise(self, m: AdvertiseKeys) -> None:
-        for key in (m.enc_pk, m.mask_pk):
-            if not isinstance(key, bytes) or len(key) != kx.KEY_BYTES:
-                raise ProtocolError(f"client {m.sender}: public keys must be {kx.KEY_BYTES} bytes")
+        enc = kx.check_public(m.enc_pk, f"client {m.sender}")
+        mask = kx.check_public(m.mask_pk, f"client {m.sender}")
+        if self.cfg.signing_keys is None and m.signature != b"":
+            raise ProtocolError(f"client {m.sender}: a signature in a round without signatures")
+        if self.cfg.signing_keys is not None and not kx.verify(
+            self.cfg.signing_keys[m.sender],
+            m.signature,
+            keys_statement(self.cfg.round_id, m.sender, enc, mask),
+        ):
+            raise ProtocolError(f"client {m.sender}: advertised keys without a valid signature")
 
     def _check_share(self, m: ShareKeys) -> None:
         if m.sender not in self._keys:
             raise ProtocolError(f"client {m.sender} shares keys but did not advertise any")
+        if not isinstance(m.ciphertexts, Mapping):
+            raise ProtocolError(f"client {m.sender}: ciphertexts must be a mapping")
+        to = _check_ids(m.ciphertexts, self.cfg.n_clients, f"client {m.sender}: share recipients")
         allowed = set(self.cfg.neighbours[m.sender]) & set(self._keys)
-        if set(m.ciphertexts) != allowed:
+        if to != allowed:
             raise ProtocolError(
                 f"client {m.sender}: shares must go to exactly its advertised neighbours {sorted(allowed)}"
             )
-        size = NONCE_BYTES + 2 * shamir.SHARE_BYTES + 16
-        if any(not isinstance(c, bytes) or len(c) != size for c in m.ciphertexts.values()):
-            raise ProtocolError(f"client {m.sender}: each encrypted share must be {size} bytes")
+        if any(not isinstance(c, bytes) or len(c) != CIPHERTEXT_BYTES for c in m.ciphertexts.values()):
+            raise ProtocolError(f"client {m.sender}: each encrypted share must be {CIPHERTEXT_BYTES} bytes")
+        if not isinstance(m.commitment, bytes) or len(m.commitment) != COMMIT_BYTES:
+            raise ProtocolError(
+                f"client {m.sender}: the self-mask seed commitment must be {COMMIT_BYTES} bytes"
+            )
 
     def _check_masked(self, m: MaskedInput) -> None:
         u, cfg = m.sender, self.cfg
         if u not in self._cts:
             raise ProtocolError(f"client {u} sent a masked input but did not share keys")
-        if m.bits != cfg.bits:
+        if not _is_int(m.bits) or m.bits != cfg.bits:
             raise ProtocolError(f"client {u}: wrong modulus 2^{m.bits}, the round uses 2^{cfg.bits}")
         v = m.values
         if not isinstance(v, np.ndarray) or v.ndim != 1 or v.size != cfg.d:
@@ -380,20 +583,32 @@ class Server:
         if cfg.bits < 8 * v.dtype.itemsize and v.size and int(v.max()) >> cfg.bits:
             raise ProtocolError(f"client {u}: value {int(v.max())} out of range [0, 2^{cfg.bits})")
 
+    def _check_consistency(self, m: SurvivorSignature) -> None:
+        if m.sender not in self.survivors:
+            raise ProtocolError(f"client {m.sender} signed the survivor list but is not a survivor")
+        if not kx.verify(
+            self.cfg.signing_keys[m.sender],
+            m.signature,
+            survivors_statement(self.cfg.round_id, self.survivors),
+        ):
+            raise ProtocolError(f"client {m.sender}: invalid signature of the survivor list")
+
     def _check_unmask(self, m: UnmaskShares) -> None:
         u = m.sender
         if u not in self.survivors:
             raise ProtocolError(f"client {u} sent shares but is not a survivor")
+        if not isinstance(m.self_mask_shares, Mapping) or not isinstance(m.key_shares, Mapping):
+            raise ProtocolError(f"client {u}: shares must be mappings from client ids")
         nb = set(self.cfg.neighbours[u]) & set(self._cts)
         bad_self = set(m.self_mask_shares) - (nb & self.survivors)
         bad_key = set(m.key_shares) - (nb - self.survivors)
         if bad_self:
             raise ProtocolError(
-                f"client {u}: self-mask shares for non-surviving or non-neighbour clients {sorted(bad_self)}"
+                f"client {u}: self-mask shares for non-surviving or non-neighbour clients {sorted(bad_self, key=repr)}"
             )
         if bad_key:
             raise ProtocolError(
-                f"client {u}: key shares for surviving or non-neighbour clients {sorted(bad_key)}"
+                f"client {u}: key shares for surviving or non-neighbour clients {sorted(bad_key, key=repr)}"
             )
         for share in (*m.self_mask_shares.values(), *m.key_shares.values()):
             shamir.share_values(share)
@@ -408,60 +623,89 @@ class Server:
         if len(have) < self.cfg.min_survivors:
             raise self._abort(f"{len(have)} clients {what}, at least {self.cfg.min_survivors} required")
 
-    def _advance(self, phase: str) -> None:
+    def _advance(self, phase: str, to: str) -> None:
         if self.phase != phase:
             raise ProtocolError(f"cannot close phase {phase}: the server is in phase {self.phase}")
-        self.phase = _PHASES[_PHASES.index(phase) + 1]
+        self.phase = to
 
-    def close_advertise(self) -> dict[int, dict[int, tuple[bytes, bytes]]]:
-        """U1; for each u ∈ U1 the public keys of its neighbours in U1."""
-        self._advance("advertise")
+    def close_advertise(self) -> dict[int, dict[int, tuple[bytes, ...]]]:
+        """U1; for each u ∈ U1 the public keys of its neighbours in U1 (and their signatures, if used)."""
+        self._advance("advertise", "share")
         self._need(set(self._keys), "advertised keys")
+        signed = self.cfg.signing_keys is not None
+
+        def entry(a: AdvertiseKeys) -> tuple[bytes, ...]:
+            return (a.enc_pk, a.mask_pk, a.signature) if signed else (a.enc_pk, a.mask_pk)
+
         return {
-            u: {
-                v: (self._keys[v].enc_pk, self._keys[v].mask_pk)
-                for v in self.cfg.neighbours[u]
-                if v in self._keys
-            }
+            u: {v: entry(self._keys[v]) for v in self.cfg.neighbours[u] if v in self._keys}
             for u in self._keys
         }
 
     def close_shares(self) -> dict[int, dict[int, bytes]]:
         """U2; for each v ∈ U2 the ciphertexts addressed to it by its neighbours in U2."""
-        self._advance("share")
+        self._advance("share", "masked")
         self._need(set(self._cts), "shared keys")
         inbox: dict[int, dict[int, bytes]] = {v: {} for v in self._cts}
         for u, m in self._cts.items():
             for v, c in m.ciphertexts.items():
                 if v in inbox:
-                    inbox[v][u] = c
+                    inbox[v][int(u)] = c
         return inbox
 
     def close_masked(self) -> UnmaskRequest:
-        """U3 (the survivors); aborts if there are too few."""
-        self._advance("masked")
+        """U3 (the survivors); aborts if there are too few. With signatures, the request is the
+        consistency check: survivors sign it (`SurvivorSignature`), then `close_consistency`."""
+        signed = self.cfg.signing_keys is not None
+        self._advance("masked", "consistency" if signed else "unmask")
         self._need(self._masked, "sent masked inputs")
         self.survivors = frozenset(self._masked)
         return UnmaskRequest(self.cfg.round_id, self.survivors)
 
+    def close_consistency(self) -> UnmaskRequest:
+        """The unmask request, carrying the survivors' signatures of U3 (signatures only)."""
+        self._advance("consistency", "unmask")
+        need = max(self.cfg.min_survivors, self.cfg.threshold)
+        if len(self._sigs) < need:
+            raise self._abort(
+                f"{len(self._sigs)} survivors signed the survivor list, at least {need} required"
+            )
+        return UnmaskRequest(
+            self.cfg.round_id, self.survivors, {u: s.signature for u, s in self._sigs.items()}
+        )
+
+    def _recover(self, shares: dict[int, bytes], what: str) -> bytes:
+        """A secret from every share received (x = holder id + 1); wrong shares are corrected and
+        their senders added to `cheaters`; aborts if that is impossible."""
+        t = self.cfg.threshold
+        if len(shares) < t:
+            raise self._abort(f"{len(shares)} shares of {what}, threshold {t}")
+        try:
+            secret, bad = shamir.reconstruct(shares, t)
+        except ProtocolError as e:
+            raise self._abort(f"{what}: {e}") from None
+        for x in sorted(bad):
+            self.cheaters.add(x - 1)
+            self.rejected.append((x - 1, f"client {x - 1}: wrong share of {what}"))
+        return secret
+
     def finish(self) -> np.ndarray:
         """Reconstruct the needed secrets, remove the masks, return Σ_{u ∈ U3} x_u mod 2^b."""
-        self._advance("unmask")
-        cfg, t = self.cfg, self.cfg.threshold
+        self._advance("unmask", "done")
+        cfg = self.cfg
         dropped = set(self._cts) - self.survivors
         masks = []
         for v in sorted(self.survivors):
             shares = {
                 u + 1: a.self_mask_shares[v] for u, a in self._answers.items() if v in a.self_mask_shares
             }
-            if len(shares) < t:
-                raise self._abort(f"{len(shares)} shares of client {v}'s self-mask seed, threshold {t}")
-            masks.append((shamir.combine(shares, t), -1))
+            seed = self._recover(shares, f"client {v}'s self-mask seed")
+            if seed_commitment(cfg.round_id, v, seed) != self._cts[v].commitment:
+                raise self._abort(f"client {v}'s self-mask seed does not match its commitment")
+            masks.append((seed, -1))
         for v in sorted(dropped):
             shares = {u + 1: a.key_shares[v] for u, a in self._answers.items() if v in a.key_shares}
-            if len(shares) < t:
-                raise self._abort(f"{len(shares)} shares of dropped client {v}'s mask key, threshold {t}")
-            sk = kx.load_private(shamir.combine(shares, t))
+            sk = kx.load_private(self._recover(shares, f"dropped client {v}'s mask key"))
             if kx.public_bytes(sk) != self._keys[v].mask_pk:
                 raise self._abort(f"shares of client {v}'s mask key are inconsistent with its public key")
             for u in cfg.neighbours[v]:

@@ -6,6 +6,10 @@ own random polynomial f_j of degree t − 1 over GF(p), and holder x (1 ≤ x < 
 shares are uniform and independent of the limbs (each limb is shared perfectly and the
 polynomials are independent), so they reveal nothing about the secret. The small field keeps
 everything in int64 numpy arithmetic: products of two elements are < 2^62.
+
+`reconstruct` takes every share received, not just t: m shares of a degree-(t − 1) polynomial are a
+Reed–Solomon codeword, so it checks all of them (parity checks of the code) and, if some are
+wrong, corrects up to ⌊(m − t)/2⌋ of them (Berlekamp–Welch, limb by limb), naming their holders.
 """
 
 from __future__ import annotations
@@ -71,13 +75,144 @@ def combine(shares: Mapping[int, bytes], t: int) -> bytes:
     if xs[0] < 1 or xs[-1] >= PRIME:
         raise ProtocolError(f"share holder outside [1, {PRIME})")
     ys = np.stack([share_values(shares[x]) for x in xs])
-    limbs = ((_lagrange_at_zero(xs)[:, None] * ys) % PRIME).sum(axis=0) % PRIME
+    return _secret(((_lagrange_at_zero(xs)[:, None] * ys) % PRIME).sum(axis=0) % PRIME)
+
+
+def reconstruct(shares: Mapping[int, bytes], t: int) -> tuple[bytes, frozenset[int]]:
+    """(secret, holders whose shares are wrong) from m ≥ t shares {x: share}. All m shares are
+    checked; up to ⌊(m − t)/2⌋ wrong ones are corrected and named. Raises `ProtocolError` when
+    the shares are inconsistent and cannot be corrected (too many wrong, or too few to tell)."""
+    if not isinstance(t, (int, np.integer)) or t < 1:
+        raise ConfigError(f"threshold t must be an integer ≥ 1, got {t!r}")
+    xs = tuple(sorted(int(x) for x in shares))
+    if len(xs) < t:
+        raise ProtocolError(f"need {t} shares to reconstruct a secret, got {len(xs)}")
+    if xs[0] < 1 or xs[-1] >= PRIME:
+        raise ProtocolError(f"share holder outside [1, {PRIME})")
+    ys = np.stack([share_values(shares[x]) for x in xs])  # [m, LIMBS]
+    if _consistent(xs, ys, t):
+        return combine({x: shares[x] for x in xs[:t]}, t), frozenset()
+    m, e = len(xs), (len(xs) - t) // 2
+    if e == 0:
+        raise ProtocolError(f"inconsistent shares: {m} shares for threshold {t} cannot locate the wrong ones")
+    x = np.array(xs, dtype=np.int64)
+    bad: set[int] = set()
+    limbs = []
+    for j in range(LIMBS):
+        coeffs = _berlekamp_welch(x, ys[:, j], t, e)
+        if coeffs is None:
+            raise ProtocolError(f"inconsistent shares: more than {e} of {m} are wrong (threshold {t})")
+        bad.update(xs[i] for i in np.nonzero(_evaluate(coeffs, x) != ys[:, j])[0])
+        limbs.append(coeffs[0])
+    if len(bad) > e:
+        raise ProtocolError(f"inconsistent shares: more than {e} of {m} are wrong (threshold {t})")
+    return _secret(np.array(limbs, dtype=np.int64)), frozenset(bad)
+
+
+def _secret(limbs: np.ndarray) -> bytes:
     if (limbs >> LIMB_BITS).any():
         raise ProtocolError("inconsistent shares: a reconstructed limb is out of range")
     v = sum(int(limb) << (LIMB_BITS * j) for j, limb in enumerate(limbs))
     if v >> (8 * SECRET_BYTES):
         raise ProtocolError("inconsistent shares: the reconstructed secret is longer than 32 bytes")
     return v.to_bytes(SECRET_BYTES, "little")
+
+
+@lru_cache(maxsize=1024)
+def _parity_matrix(xs: tuple[int, ...], t: int) -> np.ndarray:
+    """H [(m − t), m] with H·y = 0 (mod p) iff the m points (x_i, y_i) lie on a polynomial of degree
+    < t: H[r, i] = x_i^r / Π_{k≠i}(x_i − x_k), the dual of the Reed–Solomon code."""
+    x = np.array(xs, dtype=np.int64)
+    m = x.size
+    diff = (x[:, None] - x[None, :]) % PRIME
+    np.fill_diagonal(diff, 1)
+    while diff.shape[1] > 1:  # row products, pairwise
+        if diff.shape[1] % 2:
+            diff = np.concatenate([diff, np.ones((m, 1), dtype=np.int64)], axis=1)
+        diff = diff[:, ::2] * diff[:, 1::2] % PRIME
+    prod = diff[:, 0]
+    h = np.empty((m - t, m), dtype=np.int64)
+    if m > t:
+        h[0] = [pow(int(a), -1, PRIME) for a in prod]
+        for r in range(1, m - t):
+            h[r] = h[r - 1] * x % PRIME
+    return h
+
+
+def _consistent(xs: tuple[int, ...], ys: np.ndarray, t: int) -> bool:
+    h = _parity_matrix(xs, t)
+    if not h.size:
+        return True
+    lo, hi = ys & 0xFFFF, ys >> 16  # H·y in two halves: each sum of m terms < 2^47 stays in int64
+    return not ((((h @ hi) % PRIME) * 65536 + h @ lo) % PRIME).any()
+
+
+def _evaluate(coeffs: list[int], x: np.ndarray) -> np.ndarray:
+    acc = np.zeros_like(x)
+    for c in reversed(coeffs):
+        acc = (acc * x + c) % PRIME
+    return acc
+
+
+def _berlekamp_welch(x: np.ndarray, y: np.ndarray, t: int, e: int) -> list[int] | None:
+    """Coefficients of the polynomial P of degree < t with P(x_i) = y_i for all but ≤ e points, or
+    None. Solves Q(x_i) = y_i·E(x_i) for Q (degree < t + e) and monic E (degree e); P = Q / E."""
+    powers = np.ones((x.size, t + e), dtype=np.int64)
+    for k in range(1, t + e):
+        powers[:, k] = powers[:, k - 1] * x % PRIME
+    ex = powers[:, e]  # x^e
+    a = np.concatenate([powers, (-(y[:, None] * powers[:, :e]) % PRIME) % PRIME], axis=1)
+    sol = _solve(a, y * ex % PRIME)
+    if sol is None:
+        return None
+    q, err = [int(v) for v in sol[: t + e]], [int(v) for v in sol[t + e :]] + [1]
+    quot, rem = _divide(q, err)
+    if any(rem) or len(quot) > t:
+        return None
+    return (quot + [0] * t)[:t]
+
+
+def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """One solution of a·s = b over GF(p) (free unknowns 0), or None if there is none."""
+    m, n = a.shape
+    mat = np.concatenate([a, b[:, None]], axis=1) % PRIME
+    pivots, r = [], 0
+    for c in range(n):
+        if r == m:
+            break
+        nz = np.nonzero(mat[r:, c])[0]
+        if not nz.size:
+            continue
+        i = r + int(nz[0])
+        mat[[r, i]] = mat[[i, r]]
+        mat[r] = mat[r] * pow(int(mat[r, c]), -1, PRIME) % PRIME
+        f = mat[:, c].copy()
+        f[r] = 0
+        mat = (mat - f[:, None] * mat[r][None, :] % PRIME) % PRIME
+        pivots.append(c)
+        r += 1
+    if mat[r:, n].any():
+        return None
+    sol = np.zeros(n, dtype=np.int64)
+    for i, c in enumerate(pivots):
+        sol[c] = mat[i, n]
+    return sol
+
+
+def _divide(num: list[int], den: list[int]) -> tuple[list[int], list[int]]:
+    """Polynomial division over GF(p), coefficients lowest first; den is monic."""
+    num = list(num)
+    dn = len(den) - 1
+    quot = [0] * max(len(num) - dn, 0)
+    for k in range(len(num) - 1, dn - 1, -1):
+        c = num[k]
+        if c:
+            quot[k - dn] = c
+            for j in range(dn + 1):
+                num[k - dn + j] = (num[k - dn + j] - c * den[j]) % PRIME
+    while quot and quot[-1] == 0:
+        quot.pop()
+    return quot, num[:dn]
 
 
 def share_values(share: bytes) -> np.ndarray:

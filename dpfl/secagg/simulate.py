@@ -64,7 +64,9 @@ def secure_sum(
     test keep the server's view (pass a `Server` built for the same config via `make_config`).
     overwrite: mask `rows_int` in place when it holds words of the ring's dtype or word-wide signed
     integers (as each deployed client masks its own buffer), saving a copy of all k inputs; its
-    contents are then lost.
+    contents are then lost (the senders' rows masked, the dropped clients' rows zeroed). The
+    messages the server receives are read-only views of a matrix that holds masked rows and
+    zeros only, never a client's plaintext.
     stats: ids of survivors and dropped clients, per-client bytes of the masked input
     (`masked_input_bytes`, 0 when it never arrived) and of the other messages (`protocol_bytes`),
     and wall seconds per phase (`keys_s`, `mask_s` for all clients, `server_sum_s`, `unmask_s`).
@@ -116,16 +118,20 @@ def secure_sum(
     senders = [c for c in clients if c.id not in dropped]
     t1 = time.perf_counter()
     agreed: dict[tuple[int, int], bytes] = {}  # each pair's seed derived once (symmetric agreement)
-    if overwrite and rows.flags.c_contiguous:  # the dropped rows stay unmasked and are never sent
+    if overwrite and rows.flags.c_contiguous:  # the dropped rows are never masked: zeroed below
         y, at = rows, {c.id: c.id for c in senders}
         masks = [[] if c.id in dropped else c.mask_seeds(inbox[c.id], agreed) for c in clients]
     else:  # a copy: the caller's rows stay as they are
         y, at = rows[[c.id for c in senders]], {c.id: i for i, c in enumerate(senders)}
         masks = [c.mask_seeds(inbox[c.id], agreed) for c in senders]
     mask_rows(y, masks, workers, bits)  # every sender has at least its self mask, so all are reduced
+    if y is rows and dropped:
+        y[sorted(dropped)] = 0  # no plaintext left where a message's memory could reach it
     t2 = time.perf_counter()
     for c in senders:
-        msg = MaskedInput(c.id, cfg.round_id, bits, y[at[c.id]])
+        values = y[at[c.id]]  # a read-only view (no copy): the matrix holds only masked rows and zeros
+        values.flags.writeable = False
+        msg = MaskedInput(c.id, cfg.round_id, bits, values)
         srv.receive(msg)
         sent[c.id] = msg.wire_nbytes
     del y

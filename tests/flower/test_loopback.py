@@ -177,3 +177,78 @@ def test_a_malformed_masked_input_is_rejected_and_the_round_goes_on_without_it()
     co.run()
     assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
     assert any("rejected client 3" in line and "value bytes" in line for line in logs), logs
+
+
+class CheatingShares(Loopback):
+    """In round 1 node 101 sends well-formed but wrong Shamir shares in its unmask reply."""
+
+    def __call__(self, kind, contents, timeout):
+        out = super().__call__(kind, contents, timeout)
+        if kind == "train.sa_unmask" and 101 in out and not getattr(self, "done", False):
+            self.done = True
+            rec = out[101].content[wire.SECAGG]
+            rec["self_shares"] = [bytes(36) for _ in rec["self_shares"]]
+        return out
+
+
+def test_a_client_with_wrong_shares_aborts_one_round_not_the_run():
+    """Four clients (t = 2 of 3 shares): a wrong share is found but cannot be corrected, so round 1
+    aborts cleanly — model unchanged, nothing charged — and round 2 runs as usual."""
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 4})
+    co, _ = loopback(data, cls=CheatingShares)
+    w0 = co.sim.w.clone()
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert "inconsistent shares" in co.history[0]["aborted"]
+    assert "aborted" not in co.history[1] and co.history[1]["answered"] == 4
+    assert not torch.equal(co.sim.w, w0)
+    assert len(co.sim.ledger.events) == len(co.history[1:])  # only round 2 was charged
+
+
+class LowOrderKey(Loopback):
+    """Node 103 advertises a small-order masking key for round 1."""
+
+    def __call__(self, kind, contents, timeout):
+        out = super().__call__(kind, contents, timeout)
+        if kind == "query" and 103 in out:
+            rec = out[103].content[wire.REPLY]
+            rec["mask_pk"] = [bytes(32)] + list(rec["mask_pk"])[1:]
+        return out
+
+
+def test_a_small_order_key_excludes_its_client_from_that_round_only():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 4})
+    co, _ = loopback(data, cls=LowOrderKey)
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert co.history[0]["answered"] == 3 and co.history[1]["answered"] == 4
+    assert any("rejected client 3" in line and "small order" in line for line in logs), logs
+
+
+class OddShape(Loopback):
+    """Node 103 claims a different row length d in its phase-1 reply."""
+
+    def __call__(self, kind, contents, timeout):
+        out = super().__call__(kind, contents, timeout)
+        if kind == "train.sa_train" and 103 in out:
+            rec = out[103].content[wire.REPLY]
+            rec["d"] = int(rec["d"]) + 1
+        return out
+
+
+def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
+    co, _ = loopback(data, cls=OddShape)
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
+    assert any("rejected client 3" in line and "(d, b)" in line for line in logs), logs

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpfl.compression.bits import packed_nbytes
 from dpfl.errors import ConfigError, ProtocolError
@@ -75,8 +77,8 @@ def test_a_client_refuses_a_weaker_secure_sum_configuration():
     check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 3))  # t = majority of 3, min = 4 − 1
     with pytest.raises(ProtocolError, match="min_survivors = 2"):
         check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 2))  # would unmask a smaller sum
-    with pytest.raises(ProtocolError, match="t = 1"):
-        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 1, 3))
+    with pytest.raises(ProtocolError, match="t = 3"):
+        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 3, 3))
 
 
 def test_node_settings_name_the_bad_key():
@@ -96,3 +98,68 @@ def test_deployment_randomness_is_not_the_config_seed():
     # round keys: independent per round, and per node secret
     k1, k2 = round_public_keys(b"\x01" * 32, 3), round_public_keys(b"\x02" * 32, 3)
     assert len({*k1, *k2}) == 6
+
+
+def test_requests_and_keys_are_type_checked_not_cast():
+    assert wire.read_request(ConfigRecord({"round": 2, "survivors": [0, 3]})).survivors == {0, 3}
+    for bad in ([0.0, 1.5], [False, True], ["0", "1"], [0, 0]):
+        with pytest.raises(ProtocolError, match="survivor"):
+            wire.read_request(ConfigRecord({"round": 2, "survivors": bad}))
+    good = {"ids": [1, 2], "enc_pk": [b"a" * 32, b"b" * 32], "mask_pk": [b"c" * 32, b"d" * 32]}
+    assert wire.read_keys(ConfigRecord(good))[2] == (b"b" * 32, b"d" * 32)
+    for field_, value in (("enc_pk", [b"a" * 32, b"b" * 31]), ("ids", [1, 1]), ("ids", [1.0, 2.0])):
+        with pytest.raises(ProtocolError, match="neighbour keys"):
+            wire.read_keys(ConfigRecord({**good, field_: value}))
+    share = ShareKeys(2, 7, {0: b"a" * 100}, b"c" * 32)
+    assert wire.read_share(wire.share_record(share)).commitment == b"c" * 32
+
+
+_SCALAR = st.one_of(st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=True), st.text(max_size=4),
+                    st.binary(max_size=120), st.booleans())
+_VALUE = st.one_of(_SCALAR, *(st.lists(s, max_size=4) for s in (st.integers(-3, 9), st.binary(max_size=120),
+                                                                 st.booleans(), st.floats(), st.text(max_size=2))))
+_ID_LISTS = st.lists(st.integers(0, 4), max_size=4, unique=True)
+_TYPED = {  # a well-typed value for each field (Hypothesis mixes them with anything else)
+    **dict.fromkeys(["sender", "round", "index", "answering", "n_selected", "steps", "batch", "sa_bits", "sa_d",
+                     "sa_threshold", "sa_min_survivors"], st.integers(0, 4)),
+    **dict.fromkeys(["to", "self_ids", "key_ids", "survivors", "ids", "cohort", "sizes", "sa_degree", "sa_edges"],
+                    _ID_LISTS),
+    **dict.fromkeys(["ct", "self_shares", "key_shares", "enc_pk", "mask_pk"],
+                    st.lists(st.binary(min_size=32, max_size=32), max_size=4)),
+    "commit": st.binary(min_size=32, max_size=32), "describe": st.text(max_size=3), "masked": st.binary(max_size=40),
+}
+
+
+def _ints(xs):
+    return all(type(v) is int for v in xs)
+
+
+_READERS = {  # reader, its fields, and what must hold of the record when it parses (nothing was cast)
+    "share": (wire.read_share, ["sender", "round", "to", "ct", "commit"], lambda r: _ints(r["to"])),
+    "unmask": (wire.read_unmask, ["sender", "round", "self_ids", "self_shares", "key_ids", "key_shares"],
+               lambda r: _ints(r["self_ids"]) and _ints(r["key_ids"])),
+    "request": (wire.read_request, ["round", "survivors"], lambda r: _ints(r["survivors"])),
+    "keys": (wire.read_keys, ["ids", "enc_pk", "mask_pk"],
+             lambda r: _ints(r["ids"]) and all(type(k) is bytes and len(k) == 32 for k in r["enc_pk"] + r["mask_pk"])),
+    "inbox": (wire.read_inbox, ["ids", "ct"], lambda r: _ints(r["ids"])),
+    "masked": (lambda r: wire.read_masked(r, 5), ["masked"], lambda r: type(r["masked"]) is bytes),
+    "plan": (wire.RoundPlan.from_record, ["round", "cohort", "sizes", "index", "answering", "n_selected", "steps",
+                                          "batch", "describe", "sa_bits", "sa_d", "sa_threshold",
+                                          "sa_min_survivors", "sa_degree", "sa_edges"],
+             lambda r: _ints(r["cohort"]) and _ints(r["sizes"]) and ("sa_bits" not in r or _ints(r["sa_edges"]))),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(_READERS)), st.data())
+def test_wire_readers_parse_or_reject_any_record(name, data):
+    """A record of any shape either parses into well-typed values or raises ProtocolError:
+    nothing is cast, and no other exception escapes."""
+    read, fields, ok = _READERS[name]
+    present = data.draw(st.lists(st.sampled_from(fields), unique=True, min_size=len(fields) - 1))
+    rec = ConfigRecord({f: data.draw(st.one_of(_TYPED.get(f, _VALUE), _VALUE)) for f in present})
+    try:
+        read(rec)
+    except ProtocolError:
+        return
+    assert ok(rec), f"{name}: parsed a record with values of the wrong type"

@@ -1,0 +1,66 @@
+"""The CLI starts light: its quick commands import neither torch nor the sub-apps, and the lazy listing
+prints the same help as the loaded commands. (Times: `dpfl bench cli`; no timed test here.)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.core import TyperGroup
+from typer.testing import CliRunner
+
+from dpfl.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = """
+import json, sys
+from dpfl.cli.main import app
+out = []
+for args in {commands!r}:
+    try:
+        app(args, prog_name="dpfl")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    heavy = sorted(m for m in ("torch", "dpfl.privacy.cli", "dpfl.data", "dpfl.schemes.registry")
+                   if m in sys.modules)
+    out.append([args, code, heavy])
+print(json.dumps(out))
+"""
+
+
+def test_quick_commands_do_not_import_torch():
+    commands = [["--help"], ["schemes"],
+                ["privacy", "epsilon", "--sigma", "1", "--q", "0.01", "--steps", "100", "--accountant", "rdp"]]
+    p = subprocess.run([sys.executable, "-c", _SCRIPT.format(commands=commands)], cwd=ROOT, capture_output=True,
+                       text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    (help_, schemes, epsilon) = json.loads(p.stdout.strip().splitlines()[-1])
+    assert help_ == [["--help"], 0, []]  # listed, not imported
+    assert schemes == [["schemes"], 0, []]  # from dpfl.schemes.index, not the registry
+    assert epsilon[1:] == [0, ["dpfl.privacy.cli"]]
+    assert "1.2141" in p.stdout  # it did compute epsilon (rdp, sigma 1, q 0.01, 100 steps)
+
+
+def test_lazy_listing_matches_loaded_commands(monkeypatch):
+    runner = CliRunner()
+    lazy = runner.invoke(main.app, ["--help"], prog_name="dpfl")
+    assert lazy.exit_code == 0, lazy.output
+    # list through get_command, which loads every sub-app and `generate`
+    monkeypatch.setattr(main._LazyGroup, "format_help", TyperGroup.format_help)
+    loaded = runner.invoke(main.app, ["--help"], prog_name="dpfl")
+    assert loaded.exit_code == 0, loaded.output
+    assert lazy.output == loaded.output
+    for name in main._LAZY:
+        assert f" {name} " in lazy.output
+
+
+def test_lazy_command_runs_and_typos_are_suggested():
+    runner = CliRunner()
+    r = runner.invoke(main.app, ["privacy", "epsilon", "--sigma", "1", "--q", "0.01", "--steps", "100",
+                                 "--accountant", "rdp", "--json"], prog_name="dpfl")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.strip().splitlines()[-1])["epsilon"] > 0
+    r = runner.invoke(main.app, ["privcy"], prog_name="dpfl")
+    assert r.exit_code == 2 and "privacy" in r.output
