@@ -178,8 +178,7 @@ def run(
 def quickstart(
     out: Path = typer.Option(Path("runs"), "--out", "-o", help="Parent directory of the two run directories."),
 ) -> None:
-    """The one-minute tour: FL-STD, then client-level DP (FL-STD-DP with secure aggregation), on the
-    default dataset; prints what each reached and what to try next."""
+    """The one-minute tour: FL-STD, then client-level DP with secure aggregation, on the default dataset."""
     from dpfl.config import load_config
     from dpfl.engine.simulator import Simulation
 
