@@ -4,7 +4,6 @@ import torch
 from dpfl.data.images import find_mnist_dir
 
 
-
 def pytest_collection_modifyitems(config, items):
     """Tests marked `fashion_mnist` (they read the real files) skip, saying why, where the Debian
     package dataset-fashion-mnist is not installed; CI installs it and fails if it cannot."""
