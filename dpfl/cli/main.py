@@ -180,6 +180,46 @@ def run(
     _print_summary(summary, sim.out)
 
 
+@app.command()
+def quickstart(
+    out: Path = typer.Option(Path("runs"), "--out", "-o", help="Parent directory of the two run directories."),
+) -> None:
+    """The one-minute tour: FL-STD, then client-level DP with secure aggregation, on the default dataset."""
+    from dpfl.config import load_config
+    from dpfl.engine.simulator import Simulation
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    done = []
+    try:
+        for name in ("quickstart", "quickstart-dp"):
+            cfg = load_config(_resolve_config(Path(name)))
+            sim = Simulation(cfg, out / f"{name}-{stamp}", log=console.print)
+            console.print(f"[bold]{name}[/bold]: {sim.scheme.describe()}  ({sim.flat.n:,} parameters, "
+                          f"{cfg.data.n_clients} clients, {cfg.cohort_size()} a round, {cfg.federation.rounds} rounds)")
+            t0 = time.perf_counter()
+            summary = execute(sim, name)
+            done.append((name, sim, summary, time.perf_counter() - t0))
+    except DpflError as e:
+        _fail(e)
+    console.print(f"dataset: {done[0][1].fed.source}", highlight=False)
+    for name, sim, summary, secs in done:
+        evaluated = [m for m in map(json.loads, (sim.out / "metrics.jsonl").read_text().splitlines())
+                     if m.get("accuracy") is not None]
+        last = evaluated[-1] if evaluated else {}
+        line = (f"{name:14s} accuracy {last.get('accuracy', float('nan')):.4f} at round {last.get('round')} "
+                f"(best {summary['best']['accuracy']:.4f} at {summary['best']['round']}), "
+                f"upstream/client {_fmt_bytes(last.get('cum_up_bytes_per_client', 0))}, {secs:.0f} s")
+        if summary.get("epsilon_final") is not None:
+            line += f", ε = {summary['epsilon_final']:.2f} at δ = {summary['delta']:g}"
+            if summary.get("epsilon_note"):
+                line += f" ({summary['epsilon_note']})"
+        console.print(line, highlight=False)
+        console.print(f"{'':14s} run directory {sim.out}", highlight=False)
+    console.print("next: `dpfl report " + " ".join(str(s.out) for _, s, _, _ in done) + "` plots both; "
+                  "`dpfl reproduce list` runs the thesis tables; `dpfl schemes` lists every scheme.",
+                  highlight=False)
+
+
 def _refuse_flags(when: str, **given: bool) -> None:
     """ConfigError naming the flags given (True) that do not apply `when`."""
     from dpfl.errors import ConfigError

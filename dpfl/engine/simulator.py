@@ -382,7 +382,6 @@ class Simulation:
                                               f"{self.cfg.privacy.target_epsilon}")
         self._check_record_budget(r, cohort)
         trained = cohort[:0]
-        down = self.scheme.downstream_bytes(ctx) * n_selected
         up = 0
         aborted = None
         diverged, t_train = 0, 0.0
@@ -399,6 +398,8 @@ class Simulation:
                 cohort = ctx.cohort
                 if not len(cohort):
                     aborted = f"all {diverged} answering clients sent non-finite updates"
+        down_one = self.scheme.downstream_bytes(ctx)  # after local training: what the clients were sent
+        down = down_one * n_selected
         if len(cohort):
             try:
                 for s in self.scheme.steps:
@@ -432,7 +433,7 @@ class Simulation:
         self.cum["up_bytes"] += up
         self.cum["down_bytes"] += down
         self.cum["formula_up_bytes"] += c * formula_up
-        self.cum["formula_down_bytes"] += c * self.scheme.downstream_bytes(ctx)
+        self.cum["formula_down_bytes"] += c * down_one
         rec_m: dict[str, Any] = {
             "round": r, "selected": n_selected, "answered": len(cohort),
             "up_bytes": up, "down_bytes": down,

@@ -28,13 +28,29 @@ def configs_root() -> Path:
     return Path(str(resources.files("dpfl.experiments") / "configs"))
 
 
+# datasets a user can get here without supplying files (Debian package, or shipped with scikit-learn)
+AVAILABLE = ("fashion-mnist", "digits", "default")
+
+
 def list_tables() -> dict[str, str]:
+    """Table id -> description; tables whose rows need files the user must supply say so."""
     out = {}
     for d in sorted(configs_root().iterdir()):
         if d.is_dir() and (d / "thesis.json").is_file():
             meta = json.loads((d / "thesis.json").read_text()).get("_table", {})
-            out[d.name] = meta.get("description", "")
+            need = sorted(table_datasets(d.name) - set(AVAILABLE))
+            note = (f" — NEEDS the {', '.join(need)} files, which you supply (DPFL_DATA_DIR=DIR with "
+                    f"DIR/{need[0]}/ holding them)" if need else "")
+            out[d.name] = meta.get("description", "") + note
     return out
+
+
+def table_datasets(table: str) -> set[str]:
+    """The datasets the rows of `table` train on (read from their TOML, nothing loaded)."""
+    import tomllib
+
+    return {tomllib.loads(p.read_text()).get("data", {}).get("dataset", "default")
+            for p in (configs_root() / table).glob("*.toml")}
 
 
 def table_rows(table: str) -> tuple[dict, dict[str, Path]]:

@@ -43,6 +43,7 @@ class FSVRGStep(Step):
         self.h = float(h)
         self.batch_size = int(batch_size)
         self._round: tuple[int, torch.Tensor] | None = None  # (round, local gradients [k, n])
+        self._full: torch.Tensor | None = None  # this round's ∇f(w_t), broadcast to the cohort
 
     def setup(self, ctx: SetupContext) -> None:
         self.fed = ctx.clients  # x, y, clients (index arrays), sizes
@@ -81,6 +82,7 @@ class FSVRGStep(Step):
         self._round = (ctx.round, local)
         wts = torch.from_numpy(sizes.astype(np.float64)).to(w.device)
         full = ((wts / wts.sum()) @ local.double()).to(torch.float32)  # ∇f(w_t), sent back to the clients
+        self._full = full
         full_parts = self.flat.views(full)
         steps = -(-sizes // self.batch_size)  # m_k
         t_max = int(steps.max())
@@ -111,7 +113,12 @@ class FSVRGStep(Step):
         return agg[: ctx.n_params]
 
     def downstream_bytes(self, ctx: RoundContext) -> int:
-        return 2 * 4 * ctx.n_params  # the model, then the full gradient (float32)
+        from dpfl.schemes.registry import float32_nbytes
+
+        model = float32_nbytes(ctx.global_params)
+        if self._round is None or self._round[0] != ctx.round:  # nobody answered: only the model went out
+            return model
+        return model + float32_nbytes(self._full)  # the model, then ∇f(w_t)
 
     def describe(self) -> str:
         return f"fsvrg(h={self.h}, B={self.batch_size})"

@@ -8,6 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from dpfl.compression.base import Float32Codec
 from dpfl.errors import ConfigError
 from dpfl.schemes.base import Aggregator, RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.index import SCHEMES, list_schemes  # noqa: F401  (list_schemes re-exported)
@@ -41,7 +44,7 @@ class Scheme:
             b = s.downstream_bytes(ctx)
             if b is not None:
                 return int(b)
-        return 4 * ctx.n_params
+        return float32_nbytes(ctx.global_params)  # measured: the model payload each client downloads
 
     def describe(self) -> str:
         chain = " → ".join(s.describe() for s in self.steps) or "(identity)"
@@ -54,6 +57,11 @@ class Scheme:
         for s, st in zip(self.steps, state["steps"]):
             s.load_state_dict(st)
         self.transport.load_state_dict(state["transport"])
+
+
+def float32_nbytes(values: torch.Tensor) -> int:
+    """Bytes of the float32 payload that carries `values` to one client (measured, not 4·n)."""
+    return int(Float32Codec().encode(values.reshape(1, -1)).per_client_nbytes()[0])
 
 
 Builder = Callable[..., Scheme]

@@ -57,6 +57,7 @@ def test_yeom_advantage():
     assert abs(yeom_advantage(same[:5000], same[5000:])) < 0.03
 
 
+@pytest.mark.fashion_mnist
 def test_dp_training_learns_at_large_epsilon_and_not_at_small():
     cfg = Config(n_train=400, n_test=400, epochs=2, batch_size=100, models=("lr",))
     xtr, ytr, xte, yte, k = load_data(cfg, 0)
@@ -72,6 +73,7 @@ def test_dp_training_learns_at_large_epsilon_and_not_at_small():
     assert acc(s_lo) < acc(s_hi) - 0.2
 
 
+@pytest.mark.fashion_mnist
 def test_cli_writes_plot_and_numbers(tmp_path):
     res = CliRunner().invoke(app, ["--out-dir", str(tmp_path), "--n-train", "100", "--n-test", "100",
                                    "--epochs", "1", "--batch-size", "50", "--epsilons", "10",

@@ -52,6 +52,25 @@ def test_scheme_learns_and_counts_its_payload_bytes(tmp_path, scheme, opts, up_b
     assert summary["best"]["accuracy"] > max(0.3, acc[0] + 0.1), (scheme, acc)  # chance is 0.1
 
 
+@pytest.mark.parametrize("scheme", ["fl-std", "fl-sign", "fsvrg"])
+def test_downstream_bytes_are_the_model_payloads_not_a_formula(tmp_path, monkeypatch, scheme):
+    """A codec that adds a 12-byte header to each float32 payload shows up in the bytes down."""
+    from dpfl.compression.base import Float32Codec, Payload
+
+    plain = Float32Codec.encode
+
+    def with_header(self, rows, rng=None):
+        p = plain(self, rows, rng)
+        return Payload({**p.arrays, "header": np.zeros((p.k, 3), np.float32)}, p.meta)
+
+    monkeypatch.setattr(Float32Codec, "encode", with_header)
+    opts = {"h": 0.5} if scheme == "fsvrg" else {}
+    sim = Simulation(_cfg(scheme, rounds=1, **opts), tmp_path, log=lambda s: None)
+    sim.run()
+    payloads = 2 if scheme == "fsvrg" else 1  # FSVRG: the model, then the full gradient
+    assert _metrics(tmp_path)[-1]["down_bytes"] == 10 * payloads * (4 * N_PARAMS + 12)
+
+
 def test_signsgd_uses_every_client_and_one_bit_downstream(tmp_path):
     cfg = _cfg("signsgd", rounds=3, gamma=0.01)
     sim = Simulation(cfg, tmp_path, log=lambda s: None)
