@@ -201,7 +201,7 @@ def quickstart(
             done.append((name, sim, summary, time.perf_counter() - t0))
     except DpflError as e:
         _fail(e)
-    console.print(f"dataset: {done[0][1].fed.source}", highlight=False)
+    console.print(f"dataset: {done[0][1].fed.source}", highlight=False, soft_wrap=True)
     for name, sim, summary, secs in done:
         evaluated = [m for m in map(json.loads, (sim.out / "metrics.jsonl").read_text().splitlines())
                      if m.get("accuracy") is not None]
@@ -213,11 +213,11 @@ def quickstart(
             line += f", ε = {summary['epsilon_final']:.2f} at δ = {summary['delta']:g}"
             if summary.get("epsilon_note"):
                 line += f" ({summary['epsilon_note']})"
-        console.print(line, highlight=False)
-        console.print(f"{'':14s} run directory {sim.out}", highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
+        console.print(f"{'':14s} run directory {sim.out}", highlight=False, soft_wrap=True)
     console.print("next: `dpfl report " + " ".join(str(s.out) for _, s, _, _ in done) + "` plots both; "
                   "`dpfl reproduce list` runs the thesis tables; `dpfl schemes` lists every scheme.",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
 
 
 def _refuse_flags(when: str, **given: bool) -> None:
