@@ -102,7 +102,7 @@ def _load_all() -> None:
     _LOADED = True
     import importlib
 
-    for mod in ("dpfl.schemes.catalog", "dpfl.schemes.catalog_dp", "dpfl.schemes.catalog_fl"):
+    for mod in ("dpfl.schemes.catalog", "dpfl.schemes.catalog_dp", "dpfl.schemes.catalog_fl", "dpfl.schemes.catalog_qsgd"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
