@@ -55,23 +55,26 @@ def n_values(width: int, bucket: int) -> int:
 
 
 def quantize(v: np.ndarray, levels: int, bucket: int, rng: np.random.Generator) -> np.ndarray:
-    """One row v [n] → its message [norms | signed levels] as float32 [⌈n/B⌉ + n]."""
-    v = np.asarray(v, dtype=np.float64)
+    """One row v [n] → its message [norms | signed levels] as float32 [⌈n/B⌉ + n].
+    Norms are summed in float64; the rounding itself runs in float32 (relative error ≤ 2⁻²³)."""
+    v = np.asarray(v, dtype=np.float32)
     if v.ndim != 1 or not np.isfinite(v).all():
         raise DataError("QSGD input must be one row of finite numbers")
-    n, nb = v.size, n_buckets(v.size, bucket)
-    buckets = np.zeros(nb * bucket)
-    buckets[:n] = v
-    buckets = buckets.reshape(nb, bucket)
-    norm = np.sqrt((buckets**2).sum(1))
+    n = v.size
+    if n == 0:
+        return np.zeros(0, np.float32)
+    v64 = v.astype(np.float64)
+    norm = np.sqrt(np.add.reduceat(v64 * v64, np.arange(0, n, bucket)))
     norm32 = norm.astype(np.float32)
     low = norm32 < norm  # round the sent norm up, so that s·|v_i| / norm ≤ s
     norm32[low] = np.nextafter(norm32[low], np.float32(np.inf))
-    scale = np.divide(levels, norm32.astype(np.float64), out=np.zeros(nb), where=norm32 > 0)
-    r = np.minimum(np.abs(buckets) * scale[:, None], levels).reshape(-1)[:n]
+    scale = np.divide(np.float32(levels), norm32, out=np.zeros_like(norm32), where=norm32 > 0)
+    r = np.abs(v)
+    r *= np.repeat(scale, bucket)[:n]
+    np.minimum(r, np.float32(levels), out=r)
     lev = np.floor(r)
-    lev += rng.random(n) < r - lev
-    return np.concatenate([norm32, (np.sign(v) * lev).astype(np.float32)])
+    lev += rng.random(n, dtype=np.float32) < r - lev  # up with probability r − l: E[lev] = r
+    return np.concatenate([norm32, np.copysign(lev, v)])
 
 
 def dequantize(norms: np.ndarray, signed_levels: np.ndarray, levels: int, bucket: int) -> np.ndarray:

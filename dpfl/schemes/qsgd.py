@@ -24,7 +24,7 @@ class QSGDStep(Step):
         n = u.shape[1]
         out = np.empty((len(ctx.cohort), n_buckets(n, self.bucket) + n), np.float32)
         for i, c in enumerate(ctx.cohort):
-            out[i] = quantize(u[i].detach().to("cpu", torch.float64).numpy(), self.levels, self.bucket,
+            out[i] = quantize(u[i].detach().to("cpu", torch.float32).numpy(), self.levels, self.bucket,
                               ctx.numpy_rng("qsgd", int(c)))
         return torch.from_numpy(out).to(u.device)
 
