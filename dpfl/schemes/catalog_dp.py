@@ -186,6 +186,17 @@ def _check_sampling(name: str, sampling: str, privacy: Any) -> None:
             "or 'moments', or state privacy.sampling_assumption = 'poisson' (ε then assumes Poisson sampling)")
 
 
+def client_sampling(name: str, noise: str, sampling: str, n_clients, cohort_size, privacy: Any):
+    """How a Gaussian scheme's rounds are accounted: (sampling, (N, |K|) when without replacement else
+    None, σ → the round's event for calibration (None: the sampled Gaussian), neighbouring relation)."""
+    sampling = "none" if noise == "local" else sampling  # local noise: no amplification by sampling
+    _check_sampling(name, sampling, privacy)
+    wor = (n_clients, cohort_size) if sampling == "without-replacement" else None
+    event = ((lambda x: GaussianEvent(x / 2)) if noise == "local" else
+             (lambda x: SampledWithoutReplacementGaussianEvent(x, *wor)) if wor else None)
+    return sampling, wor, event, "replace_one" if wor else "add_remove"
+
+
 def _gaussian_scheme(name: str, compress: list[Step], *, auto_clip,
                      n_params, cohort_size, n_clients, sampling, sampling_rate, rounds, privacy, sigma, epsilon,
                      clip, tolerate, noise, secure_aggregation, neighbours, threshold, drop_after_masking,

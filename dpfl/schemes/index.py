@@ -32,6 +32,10 @@ _BY_MODULE: dict[str, dict[str, str]] = {
         "fl-sign-dp": ("FL-SIGN-DP (Alg. 9): z ~ DG(sign(Δw), √n·σ/√(|K|−l)), secure sum over Z_2^b, γ·sign "
                        "of the sum"),
     },
+    "dpfl.schemes.catalog_qsgd": {
+        "qsgd": "QSGD (Alistarh et al. 2017): stochastic s-level quantization per bucket, weighted mean",
+        "qsgd-dp": "QSGD-DP: clip, Gaussian noise (local, or central at a trusted server), QSGD on the wire",
+    },
     "dpfl.schemes.catalog_fl": {
         "fedprox": "FedProx (Li et al.): FL-STD with the proximal term mu/2·‖w − w_t‖² in local training",
         "fsvrg": "FSVRG (Konečný et al.): round-start full gradient, one SVRG pass per client, step h/n_k",
