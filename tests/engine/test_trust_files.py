@@ -177,8 +177,8 @@ def test_run_records_its_data_and_resume_on_other_data_refuses(tmp_path, tiny_co
     assert (out / "config.toml").read_text().startswith(f"# data used: digits ({rec['source']}), sha256 {rec['sha256']}")
     Simulation.resume(out, rounds=3, **QUIET)  # same data: fine
     fm = "/usr/share/datasets/fashion-mnist"
-    if not os.path.isdir(fm):
-        pytest.skip("Fashion-MNIST files not installed")
+    if not os.path.isfile(os.path.join(fm, "train-images-idx3-ubyte.gz")):
+        pytest.skip("needs Fashion-MNIST: apt-get install dataset-fashion-mnist")
     for f in os.listdir(fm):  # Fashion-MNIST appears where "default" looks: it would now resolve to it
         shutil.copy(os.path.join(fm, f), root / f)
     metrics = (out / "metrics.jsonl").read_text()
