@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, DataError
 
 
 def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
@@ -17,9 +17,26 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     mfile = run_dir / "metrics.jsonl"
     if not mfile.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no metrics.jsonl)")
-    metrics = [json.loads(ln) for ln in mfile.read_text().splitlines() if ln.strip()]
+    lines = mfile.read_text(errors="replace").splitlines()
+    metrics = []
+    for i, ln in enumerate(lines, 1):
+        try:
+            m = json.loads(ln) if ln.strip() else None
+        except ValueError:
+            if i == len(lines):  # a half-written last line (a run killed mid-append): not a round
+                break
+            raise DataError(f"{mfile}: line {i} is not a JSON metrics record") from None
+        if m is not None and not isinstance(m, dict):
+            raise DataError(f"{mfile}: line {i} is not a JSON metrics record")
+        if m is not None:
+            metrics.append(m)
     sfile = run_dir / "summary.json"
-    summary = json.loads(sfile.read_text()) if sfile.is_file() else {}
+    try:
+        summary = json.loads(sfile.read_text()) if sfile.is_file() else {}
+    except ValueError:
+        raise DataError(f"{sfile}: not readable JSON") from None
+    if not isinstance(summary, dict):
+        raise DataError(f"{sfile}: not a JSON object")
     if not summary.get("best"):
         summary["best"] = best_round(metrics)
     if "name" not in summary and (run_dir / "config.toml").is_file():  # a run not finished yet

@@ -97,3 +97,22 @@ def test_reproduce_report_fits_100_columns_and_labels_a_cut_short_row():
 def test_human_bytes():
     assert [human_bytes(x) for x in (512, 2_217_830, 14_942_651.27, 1_500)] == \
         ["512 B", "2.22 MB", "14.94 MB", "1.50 KB"]
+
+
+def test_corrupt_run_files_are_one_error_line_not_a_traceback(tmp_path):
+    from typer.testing import CliRunner
+
+    from dpfl.cli.main import app
+
+    run = _run(tmp_path / "a", DP)
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"round": 5, "accur')
+    from dpfl.experiments.report import load_run
+
+    assert len(load_run(run)[1]) == 4  # a half-written last line is not a round
+    (run / "summary.json").write_text("{not json")
+    r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "plots")])
+    assert r.exit_code == 2 and "summary.json: not readable JSON" in r.output and "Traceback" not in r.output
+    (run / "summary.json").unlink()
+    (run / "metrics.jsonl").write_text('garbage\n{"round": 1}\n')
+    r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "plots")])
+    assert r.exit_code == 2 and "line 1 is not a JSON metrics record" in r.output
