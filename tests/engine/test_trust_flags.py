@@ -108,7 +108,10 @@ def test_corrupt_checkpoint_is_one_error_line_and_kept(made):
 def test_resume_that_would_recalibrate_sigma_refuses_unless_allowed(tmp_path, tiny_config):
     cfg = tmp_path / "dp.toml"
     cfg.write_text(dump_config(tiny_config(**{"federation.rounds": 2, "scheme.name": "fl-std-dp",
-                                              "scheme.options": {"epsilon": 4.0, "clip": 1.0}})))
+                                              "scheme.options": {"epsilon": 4.0, "clip": 1.0},
+                                              # Poisson: calibrating σ is quick (without replacement
+                                              # under rdp takes seconds per calibration)
+                                              "federation.sampling": "poisson"})))
     run = tmp_path / "run"
     assert cli("run", cfg, "--out", run).exit_code == 0
     before = snapshot(run)
