@@ -187,6 +187,7 @@ def quickstart(
     """The one-minute tour: FL-STD, then client-level DP with secure aggregation, on the default dataset."""
     from dpfl.config import load_config
     from dpfl.engine.simulator import Simulation
+    from dpfl.experiments.report import load_run
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     done = []
@@ -203,8 +204,7 @@ def quickstart(
         _fail(e)
     console.print(f"dataset: {done[0][1].fed.source}", highlight=False, soft_wrap=True)
     for name, sim, summary, secs in done:
-        evaluated = [m for m in map(json.loads, (sim.out / "metrics.jsonl").read_text().splitlines())
-                     if m.get("accuracy") is not None]
+        evaluated = [m for m in load_run(sim.out)[1] if m.get("accuracy") is not None]
         last = evaluated[-1] if evaluated else {}
         line = (f"{name:14s} accuracy {last.get('accuracy', float('nan')):.4f} at round {last.get('round')} "
                 f"(best {summary['best']['accuracy']:.4f} at {summary['best']['round']}), "

@@ -206,21 +206,13 @@ def _gaussian_scheme(name: str, compress: list[Step], *, auto_clip,
     tolerate = check_tolerate(tolerate)
     if tolerate and tolerate >= cohort_size:
         raise ConfigError(f"scheme {name!r}: tolerate = {tolerate} must be < the cohort size |K| = {cohort_size}")
-    sampling = "none" if noise == "local" else sampling  # local noise: no amplification by sampling
-    _check_sampling(name, sampling, privacy)
-    if sampling == "without-replacement" and n_clients is None:
+    # local noise: worst case, a client in every round, no amplification
+    sampling, wor, event, neighbouring = client_sampling(name, noise, sampling, n_clients, cohort_size, privacy)
+    if wor and n_clients is None:
         raise ConfigError(f"scheme {name!r}: sampling without replacement needs n_clients (N)")
-    wor = (n_clients, cohort_size) if sampling == "without-replacement" else None
-    neighbouring = "replace_one" if wor else "add_remove"
     clip_step, prefix = _clip_step(name, clip, compress, auto_clip, clip_clients, clip_epsilon, neighbouring)
     if sigma is None:
-        if noise == "local":  # worst case: a client in every round, no amplification
-            sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds, lambda x: GaussianEvent(x / 2), prefix)
-        elif wor:
-            sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds,
-                                     lambda x: SampledWithoutReplacementGaussianEvent(x, *wor), prefix, neighbouring)
-        else:
-            sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds, None, prefix)
+        sigma = calibrated_sigma(epsilon, privacy, sampling_rate, rounds, event, prefix, neighbouring)
     noise_step = GaussianNoise(sigma, clip_step, sampling_rate, tolerate, noise, without_replacement=wor)
     transport = _transport(noise_step, noise, secure_aggregation, neighbours, threshold, drop_after_masking,
                            frac_bits)
