@@ -101,7 +101,9 @@ def epsilon(
     population: int | None = typer.Option(None, "--population", help="units sampled from (N)"),
     cohort: int | None = typer.Option(None, "--cohort", help="units drawn per step (M)"),
     delta: float = typer.Option(1e-5, "--delta", help="target delta, in (0, 1)"),
-    accountant: str = typer.Option("all", "--accountant", help=_ACC_HELP),
+    accountant: str = typer.Option(
+        "rdp", "--accountant",
+        help=_ACC_HELP + " (default rdp: instant; pld is tighter but loads dp-accounting and scipy, ~2 s)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object as the last line"),
 ):
     """epsilon after STEPS subsampled Gaussian steps (Poisson, or without replacement)."""
