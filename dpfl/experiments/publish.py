@@ -268,6 +268,36 @@ def headline_block(records: Path, rel: str = "records") -> str:
     return "\n".join(lines)
 
 
+SCORED = ("table-4.1", "table-4.2", "table-4.4", "table-5.1", "table-5.3", "table-5.5", "table-6.1-fmnist",
+          "table-6.3-fmnist", "table-6.10", "table-6.12")
+
+
+def scoreboard_block(records: Path) -> str:
+    """Per thesis table: its rows, those with a full-length record, how many of those are within ±0.03 of
+    the thesis, above it, or more than 0.03 below; and, for DP tables, the mean accuracy gain of the
+    `-pld` records over the same rows as configured (moments σ)."""
+    from dpfl.experiments.reproduce import table_rows
+
+    head = ["table", "rows", "full-length record", "within ±0.03", "above thesis", "more than 0.03 below",
+            "no Δ (no thesis number or other dataset)", "PLD σ − moments σ (rows, mean)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    tables = record_tables(records)
+    for table in SCORED:
+        rows = table_rows(table)[1]
+        variants = tables.get(table, [])
+        _, entries, _ = table_entries(records, table, variants) if variants else ({}, [], [])
+        base = {e["row"]: e for e in entries if e["acct"] is None and e["complete"]}
+        deltas = [e["delta"] for e in base.values() if e["delta"] is not None]
+        pld = {e["row"]: e for e in entries if e["acct"] == "pld" and e["complete"]}
+        gains = [pld[r]["measured"] - base[r]["measured"] for r in pld if r in base
+                 and None not in (pld[r]["measured"], base[r]["measured"])]
+        gain = f"{len(gains)}, {sum(gains) / len(gains):+.4f}" if gains else "—"
+        lines.append(f"| {table} | {len(rows)} | {len(base)} | {sum(abs(d) <= 0.03 for d in deltas)} | "
+                     f"{sum(d > 0 for d in deltas)} | {sum(d < -0.03 for d in deltas)} | "
+                     f"{len(base) - len(deltas)} | {gain} |")
+    return "\n".join(lines)
+
+
 def _thesis_text(th: dict, unit: str) -> str:
     if not th:
         return "—"
@@ -349,8 +379,9 @@ def generated(root: Path) -> dict[Path, str]:
     for doc, blocks in (
             (root / "README.md", {"headline": lambda: headline_block(records, "records")}),
             (root / "docs" / "RESULTS.md",
-             {t: (lambda t=t, v=v: table_block(records, t, v, "../records", f"figures/{t}.png"))
-              for t, v in tables.items()})):
+             {"scoreboard": lambda: scoreboard_block(records),
+              **{t: (lambda t=t, v=v: table_block(records, t, v, "../records", f"figures/{t}.png"))
+                 for t, v in tables.items()}})):
         text = doc.read_text()
         stale = [n for n in block_names(text) if n not in blocks]
         if stale:
