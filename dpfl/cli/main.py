@@ -294,11 +294,25 @@ def reproduce(
     overwrite: bool = typer.Option(False, "--overwrite", help="Start the chosen rows afresh, replacing their runs."),
     allow_recalibration: bool = typer.Option(
         False, "--allow-recalibration", help="Resume rows whose noise multiplier σ --rounds changes."),
+    replay: int = typer.Option(
+        None, "--replay", help="Run the first N rounds of every row recorded under --out again and compare "
+                               "the metrics with the records (TABLE may be `all`); writes nothing."),
 ) -> None:
     """Run a thesis table's rows (resuming finished/partial rows) and print measured vs thesis."""
     from dpfl.experiments.reproduce import list_tables, reproduce_table
 
     try:
+        if replay is not None:
+            from dpfl.experiments.replay import replay as replay_rows
+
+            _refuse_flags("with --replay (it reruns recorded rows as recorded)", **{
+                "--row": bool(rows), "--rounds": rounds is not None, "--set": bool(set_),
+                "--accountant": accountant is not None, "--report-only": report_only, "--overwrite": overwrite,
+                "--allow-recalibration": allow_recalibration})
+            results = replay_rows(out, table, replay, console)
+            if any(r["diffs"] for r in results):
+                raise typer.Exit(1)
+            return
         if table == "list":
             _refuse_flags("to `dpfl reproduce list`", **{
                 "--row": bool(rows), "--rounds": rounds is not None, "--set": bool(set_),

@@ -1,0 +1,83 @@
+"""`dpfl reproduce TABLE --replay N --out records`: run the first N rounds of every recorded row again,
+from its own `config.toml`, and compare each metrics line with the record's, value for value.
+
+A before/after check for changes that must not change results: the same seed on the same machine
+gives the same accuracy, bytes and ε, so any difference is a change of behaviour (or of machine:
+records name theirs in `summary.json`). Wall times (`*_seconds`) are not compared. The rows run in
+a temporary directory; nothing under the records is written.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dpfl.errors import ConfigError
+
+
+def recorded_rows(records: Path, table: str) -> list[Path]:
+    """Run directories under `records` of `table` (its accountant variants included; "all": every table)."""
+    from dpfl.experiments.publish import _dir_name, record_tables
+
+    tables = record_tables(records)
+    if table != "all" and table not in tables:
+        raise ConfigError(f"{records} holds no records of {table!r}; it has: {', '.join(tables) or 'none'}")
+    dirs = []
+    for t, variants in tables.items():
+        if table in ("all", t):
+            for acct in variants:
+                d = Path(records) / _dir_name(t, acct)
+                dirs += sorted(p for p in d.iterdir() if (p / "metrics.jsonl").is_file() and (p / "config.toml").is_file())
+    return dirs
+
+
+def _comparable(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in json.loads(json.dumps(m)).items() if not k.endswith("_seconds")}
+
+
+def replay_row(run_dir: Path, rounds: int) -> dict[str, Any]:
+    """Rounds 1..`rounds` of the row in `run_dir`, run afresh and compared with its metrics.jsonl."""
+    from dpfl.config import load_config
+    from dpfl.engine.simulator import Simulation
+
+    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    want = [_comparable(m) for m in lines[:rounds]]
+    cfg = load_config(run_dir / "config.toml")
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = Simulation(cfg, Path(tmp) / "run", log=lambda s: None)
+        got = [_comparable(sim.step_round()) for _ in want]
+    diffs = []
+    for r, (a, b) in enumerate(zip(want, got), 1):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                diffs.append(f"round {r} {k}: record {a.get(k)!r}, now {b.get(k)!r}")
+    keys = sorted({k for m in want for k in m})
+    return {"dir": str(run_dir), "rounds": len(want), "keys": keys, "diffs": diffs}
+
+
+def replay(records: Path, table: str, rounds: int, console: Console) -> list[dict[str, Any]]:
+    """Replay every recorded row of `table`; prints one line per row and a table; returns the results."""
+    if rounds < 1:
+        raise ConfigError(f"--replay must be at least 1 round, got {rounds}")
+    out = []
+    for d in recorded_rows(records, table):
+        res = replay_row(d, rounds)
+        out.append(res)
+        verdict = "same" if not res["diffs"] else f"{len(res['diffs'])} difference(s)"
+        console.print(f"{d}: {res['rounds']} round(s), {len(res['keys'])} metrics compared: {verdict}",
+                      highlight=False)
+        for line in res["diffs"][:8]:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+    t = Table(title=f"replay of {table}: first {rounds} round(s) vs the records")
+    for c in ("row", "rounds", "metrics", "result"):
+        t.add_column(c)
+    for res in out:
+        t.add_row(str(Path(res["dir"]).relative_to(records)), str(res["rounds"]), str(len(res["keys"])),
+                  "same" if not res["diffs"] else f"{len(res['diffs'])} differ")
+    console.print(t)
+    return out
