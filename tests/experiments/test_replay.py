@@ -1,5 +1,6 @@
 """`dpfl reproduce TABLE --replay N`: recorded rows rerun and compared with their records."""
 
+import io
 import json
 
 import pytest
@@ -26,7 +27,7 @@ def test_a_faithful_record_replays_the_same_and_an_edited_one_does_not(tmp_path)
     records = tmp_path / "records"
     for row in ("fl-sign", "fl-std"):
         Simulation(_tiny(row), records / "table-4.1" / row, log=lambda s: None).run()
-    quiet = Console(file=open(tmp_path / "log.txt", "w"))
+    quiet = Console(file=io.StringIO())
     out = replay(records, "table-4.1", 2, quiet)
     assert [r["diffs"] for r in out] == [[], []] and all(r["rounds"] == 2 for r in out)
     assert "accuracy" in out[0]["keys"] and "up_bytes" in out[0]["keys"]
@@ -41,6 +42,6 @@ def test_a_faithful_record_replays_the_same_and_an_edited_one_does_not(tmp_path)
 def test_replay_refuses_a_table_without_records_and_zero_rounds(tmp_path):
     (tmp_path / "table-4.1").mkdir()
     with pytest.raises(ConfigError, match="no records of 'table-4.4'"):
-        replay(tmp_path, "table-4.4", 1, Console(file=open(tmp_path / "log.txt", "w")))
+        replay(tmp_path, "table-4.4", 1, Console(file=io.StringIO()))
     with pytest.raises(ConfigError, match="at least 1 round"):
-        replay(tmp_path, "table-4.1", 0, Console(file=open(tmp_path / "log.txt", "w")))
+        replay(tmp_path, "table-4.1", 0, Console(file=io.StringIO()))
