@@ -116,7 +116,7 @@ def test_bench_matches_the_closed_forms():
 
     from rich.console import Console
 
-    from dpfl.stats.bench import run_bench
+    from dpfl.bench.stats import run_bench
 
     (row,) = run_bench(epsilons=(0.5,), seeds=2, n=5000, console=Console(file=io.StringIO()))["rows"]
     se = 2.0 / math.sqrt(2 * 1000)  # sd of |Lap(b)| is b; 2 seeds x 1000 bins
