@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpfl.engine.cohort import loss_per_sample
+from dpfl.models.loss import loss_per_sample
 
 
 @torch.no_grad()

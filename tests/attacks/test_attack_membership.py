@@ -104,8 +104,8 @@ def test_leakage_bench_runs_every_scheme_on_a_tiny_federation():
 
 def test_list_command_names_every_attack_and_rule():
     from dpfl.attacks.registry import ATTACKS
-    from dpfl.attacks.robust import RULES
     from dpfl.cli.attacks import app
+    from dpfl.schemes.robust import RULES
 
     res = CliRunner().invoke(app, ["list"])
     assert res.exit_code == 0

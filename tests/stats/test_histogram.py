@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from dpfl.classic._privacy import pure_epsilon
 from dpfl.errors import ConfigError, DataError, PrivacyError
 from dpfl.privacy.ledger import Ledger
 from dpfl.stats import dp_histogram, stability_threshold, stable_histogram
+from dpfl.stats.ledger import pure_epsilon
 
 
 def _moments_match(noise: np.ndarray, var: float) -> None:
