@@ -1,1 +1,1 @@
-"""Malicious clients, robust aggregation and membership inference."""
+"""Malicious clients and membership inference (the robust aggregators are `dpfl.schemes.robust`)."""

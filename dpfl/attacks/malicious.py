@@ -28,9 +28,9 @@ import torch
 
 from dpfl.attacks.base import Attack
 from dpfl.compression.bits import random_sign
-from dpfl.engine.sampling import local_positions
 from dpfl.errors import ConfigError
 from dpfl.schemes.base import RoundContext
+from dpfl.schemes.sampling import local_positions
 
 
 def _check_positive(name: str, attack: str, v: Any) -> float:

@@ -10,14 +10,13 @@ bound for this attack) and the AUC of −loss as a membership score.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from dpfl.engine.cohort import loss_per_sample
 from dpfl.errors import ConfigError, DataError
+from dpfl.models.loss import loss_per_sample
 
 
 @dataclass
@@ -94,29 +93,3 @@ def membership_advantage(model: torch.nn.Module, fed: Any, samples: int = 5000, 
     a = sample_losses(model, fed.x[mi], fed.y[mi], fed.task, batch_size)
     b = sample_losses(model, fed.x_test[ni], fed.y_test[ni], fed.task, batch_size)
     return loss_threshold_attack(a, b)
-
-
-def membership_from_run(run_dir: str | Path, samples: int = 5000, seed: int = 0) -> MembershipResult:
-    """The attack on the final global model of a finished run directory (config.toml + checkpoint.pt)."""
-    from dpfl.config import load_config
-    from dpfl.engine import checkpoint
-    from dpfl.engine.flat import FlatParams
-    from dpfl.engine.simulator import CHECKPOINT, CONFIG, build_federation, device
-    from dpfl.models import build_model
-    from dpfl.rng import Seeds
-
-    run = Path(run_dir)
-    if not (run / CONFIG).is_file() or not (run / CHECKPOINT).is_file():
-        raise ConfigError(f"{run} is not a run directory (needs {CONFIG} and {CHECKPOINT})")
-    cfg = load_config(run / CONFIG)
-    seeds = Seeds(cfg.seed)
-    fed = build_federation(cfg, seeds)  # the clients' original data: the members
-    dev = device(cfg)
-    model = build_model(cfg.model.name, seed=seeds.seed("model"), **cfg.model.options).to(dev)
-    w = checkpoint.load(run / CHECKPOINT).get("w")  # plain data only: a crafted file cannot run code
-    flat = FlatParams(model)
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.numel() != flat.n:
-        what = f"{w.numel()} values" if isinstance(w, torch.Tensor) else type(w).__name__
-        raise DataError(f"{run / CHECKPOINT}: w is {what}, the model has {flat.n} float parameters")
-    flat.load_into(model, w.to(dev))
-    return membership_advantage(model, fed, samples, seed, cfg.eval.batch_size)

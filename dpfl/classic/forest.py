@@ -27,7 +27,10 @@ import math
 
 import numpy as np
 
-from dpfl.classic._common import (
+from dpfl.errors import ConfigError, DataError
+from dpfl.privacy.events import ComposedEvent, SelfComposedEvent
+from dpfl.privacy.mechanisms import exponential_mechanism, laplace_noise
+from dpfl.stats.inputs import (
     as_bounds,
     check_epsilon,
     check_fraction,
@@ -36,10 +39,7 @@ from dpfl.classic._common import (
     noise_rng,
     plain_rng,
 )
-from dpfl.classic._privacy import laplace_event, make_ledger, pure_event
-from dpfl.errors import ConfigError, DataError
-from dpfl.privacy.events import ComposedEvent, SelfComposedEvent
-from dpfl.privacy.mechanisms import exponential_mechanism, laplace_noise
+from dpfl.stats.ledger import laplace_event, make_ledger, pure_event
 
 CRITERIA = ("infogain", "gini")
 

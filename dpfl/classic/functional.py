@@ -25,7 +25,7 @@ that touch a strong feature and the others, in proportion to their relevance mas
 [0.1, 0.9]). The linear coefficients are then the inverse-variance mix of both releases.
 
 Coefficients are sums over records, so a federation computes them with a (secure) sum:
-`fit_federated` adds the Laplace noise as per-client shares (see `dpfl.stats.secure_sum`).
+`fit_federated` adds the Laplace noise as per-client shares (see `dpfl.stats.noisy_sum`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpfl.classic._common import (
+from dpfl.errors import ConfigError, DataError
+from dpfl.stats.inputs import (
     check_epsilon,
     check_fraction,
     check_X,
@@ -43,9 +44,8 @@ from dpfl.classic._common import (
     noise_rng,
     to_unit_ball,
 )
-from dpfl.classic._privacy import laplace_event, make_ledger
-from dpfl.errors import ConfigError, DataError
-from dpfl.stats.secure_sum import Summer, noisy_sum, plain_sum
+from dpfl.stats.ledger import laplace_event, make_ledger
+from dpfl.stats.noisy_sum import Summer, noisy_sum, plain_sum
 
 BUDGET_SPLITS = ("uniform", "relevance")
 

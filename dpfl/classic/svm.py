@@ -21,10 +21,10 @@ import math
 
 import numpy as np
 
-from dpfl.classic._common import check_epsilon, check_X, check_Xy, noise_rng, to_unit_ball
-from dpfl.classic._privacy import laplace_event, make_ledger
 from dpfl.errors import ConfigError, DataError, PrivacyError
 from dpfl.privacy.mechanisms import laplace_noise
+from dpfl.stats.inputs import check_epsilon, check_X, check_Xy, noise_rng, to_unit_ball
+from dpfl.stats.ledger import laplace_event, make_ledger
 
 
 def smo_dual(Z: np.ndarray, s: np.ndarray, C: float, max_gap: float, max_iter: int) -> tuple[np.ndarray, float, int]:

@@ -26,19 +26,19 @@ if TYPE_CHECKING:
 # app becomes a command group, a function becomes one command. They are listed in this order, the
 # functions before the commands defined below and the groups after them.
 _LAZY = {
-    "generate": ("dpfl.collab.cli", "generate_cmd", ("Private dataset generation: teachers label public data "
+    "generate": ("dpfl.cli.collab", "generate_cmd", ("Private dataset generation: teachers label public data "
                                                      "by noisy max (NPZ + CSV + privacy report).")),
-    "privacy": ("dpfl.privacy.cli", "app", "Privacy accounting: ε for σ, σ for ε."),
-    "data": ("dpfl.data.cli", "app", "Datasets and partitions."),
-    "models": ("dpfl.models.cli", "app", "Models."),
-    "pate": ("dpfl.pate.cli", "app", "PATE analysis."),
-    "dpsgd": ("dpfl.dpsgd.cli", "app", "Record-level DP-SGD."),
-    "collab": ("dpfl.collab.cli", "app", "FedCollabNN and private dataset generation."),
-    "attacks": ("dpfl.attacks.cli", "app", "Membership inference and attack tools."),
-    "flower": ("dpfl.flower.cli", "app", "Deployment over Flower."),
-    "accounting": ("dpfl.experiments.accounting_cli", "app", "Accounting comparison (Jayaraman & Evans)."),
-    "classic": ("dpfl.classic.cli", "app", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
-    "stats": ("dpfl.stats.cli", "app", "DP statistics of a column: mean, count, histogram."),
+    "privacy": ("dpfl.cli.privacy", "app", "Privacy accounting: ε for σ, σ for ε."),
+    "data": ("dpfl.cli.data", "app", "Datasets and partitions."),
+    "models": ("dpfl.cli.models", "app", "Models."),
+    "pate": ("dpfl.cli.pate", "app", "PATE analysis."),
+    "dpsgd": ("dpfl.cli.dpsgd", "app", "Record-level DP-SGD."),
+    "collab": ("dpfl.cli.collab", "app", "FedCollabNN and private dataset generation."),
+    "attacks": ("dpfl.cli.attacks", "app", "Membership inference and attack tools."),
+    "flower": ("dpfl.cli.flower", "app", "Deployment over Flower."),
+    "accounting": ("dpfl.cli.accounting", "app", "Accounting comparison (Jayaraman & Evans)."),
+    "classic": ("dpfl.cli.classic", "app", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
+    "stats": ("dpfl.cli.stats", "app", "DP statistics of a column: mean, count, histogram."),
 }
 _LAZY_COMMANDS = ("generate",)  # `dpfl generate CONFIG` is the same command as `dpfl collab generate`
 
@@ -367,7 +367,7 @@ def bench_engine(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
 ) -> None:
     """Setting D round: vectorized engine vs a plain per-client PyTorch loop vs the FLOP bound."""
-    from dpfl.engine.bench import run_bench
+    from dpfl.bench.engine import run_bench
 
     res = run_bench(rounds=rounds, clients=clients, device=device, console=console)
     if json_out:
@@ -380,7 +380,7 @@ def bench_cli(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
 ) -> None:
     """Start-up: `dpfl --help`, `dpfl schemes`, `dpfl privacy epsilon` as fresh processes vs `python -c pass`."""
-    from dpfl.cli.bench import run_bench
+    from dpfl.bench.cli import run_bench
 
     res = run_bench(reps=reps, console=console)
     if json_out:
@@ -394,14 +394,14 @@ def _mount_bench(name: str, module: str, help: str) -> None:
         mod.run_bench()
 
 
-for _n, _m, _h in [("privacy", "dpfl.privacy.bench", "Time to account 10,000 rounds under each backend."),
-                   ("secagg", "dpfl.secagg.bench", "Secure aggregation vs plain summation, 100 × 1.66 M."),
-                   ("cs", "dpfl.compression.bench", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
-                   ("dpsgd", "dpfl.dpsgd.bench", "Per-example-gradient throughput vs Opacus."),
-                   ("attacks", "dpfl.attacks.bench", "Membership-inference advantage of FL-STD, FL-SIGN and their DP versions."),
-                   ("flower", "dpfl.flower.bench", "A run over a local Flower federation vs the simulator: latency, bytes."),
-                   ("classic", "dpfl.classic.bench", "DP classical models: utility vs ε beside scikit-learn."),
-                   ("stats", "dpfl.stats.bench", "DP histograms: measured error vs the closed forms, keys released.")]:
+for _n, _m, _h in [("privacy", "dpfl.bench.privacy", "Time to account 10,000 rounds under each backend."),
+                   ("secagg", "dpfl.bench.secagg", "Secure aggregation vs plain summation, 100 × 1.66 M."),
+                   ("cs", "dpfl.bench.cs", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
+                   ("dpsgd", "dpfl.bench.dpsgd", "Per-example-gradient throughput vs Opacus."),
+                   ("attacks", "dpfl.bench.attacks", "Membership-inference advantage of FL-STD, FL-SIGN and their DP versions."),
+                   ("flower", "dpfl.bench.flower", "A run over a local Flower federation vs the simulator: latency, bytes."),
+                   ("classic", "dpfl.bench.classic", "DP classical models: utility vs ε beside scikit-learn."),
+                   ("stats", "dpfl.bench.stats", "DP histograms: measured error vs the closed forms, keys released.")]:
     _mount_bench(_n, _m, _h)
 
 

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.func import functional_call, grad, vmap
 
-from dpfl.engine.flat import FlatParams
+from dpfl.models.flat import FlatParams
+from dpfl.models.loss import loss_per_sample
 
 _PARAMETRIC = (nn.Conv2d, nn.Linear)
 
@@ -78,12 +79,6 @@ def _pool_before_relu(gm: fx.GraphModule) -> None:
     if changed:
         gm.graph.lint()
         gm.recompile()
-
-
-def loss_per_sample(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
-    if task == "binary":
-        return F.binary_cross_entropy_with_logits(out.reshape(-1), y.reshape(-1).to(out.dtype), reduction="none")
-    return F.cross_entropy(out, y.reshape(-1), reduction="none")
 
 
 class LowRank:

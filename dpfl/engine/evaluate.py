@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpfl.engine.cohort import loss_per_sample
+from dpfl.models.loss import loss_per_sample
 
 
 @torch.no_grad()
@@ -35,8 +35,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batc
     out = torch.cat(outs)
     res = {"loss": float(torch.cat(losses).mean())}
     if task == "binary":
-        score = out.reshape(-1).double().numpy()
-        yt = y.reshape(-1).numpy()
+        score = out.reshape(-1).double().cpu().numpy()  # scikit-learn's AUROC needs NumPy
+        yt = y.reshape(-1).cpu().numpy()
         pred = score > 0
         tpr = float((pred & (yt == 1)).sum() / max(1, (yt == 1).sum()))
         tnr = float((~pred & (yt == 0)).sum() / max(1, (yt == 0).sum()))

@@ -24,13 +24,13 @@ import torch
 from dpfl.config import RunConfig, dump_config, load_config
 from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
-from dpfl.engine.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext
 from dpfl.schemes.dp import finite_rows
 from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.schemes.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
 from dpfl.secagg import RoundAborted
 
 CHECKPOINT = "checkpoint.pt"

@@ -96,7 +96,7 @@ def config_diff(base, cfg) -> list[str]:
 def _named_overrides(run_dir: Path, name: str) -> list[str] | None:
     """What the run changed against the built-in config of its name, or None when there is no such config."""
     from dpfl.config import load_config
-    from dpfl.experiments.reproduce import configs_root
+    from dpfl.experiments import configs_root
 
     named = configs_root() / f"{name}.toml"
     cfg_file = run_dir / "config.toml"

@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from dpfl.errors import ConfigError, DataError
+from dpfl.experiments import configs_root
 
 UNITS = {"KB": 1e3, "MB": 1e6, "Mbit": 1e6 / 8, "B": 1.0}
-
-
-def configs_root() -> Path:
-    return Path(str(resources.files("dpfl.experiments") / "configs"))
 
 
 # datasets a user can get here without supplying files (Debian package, or shipped with scikit-learn)

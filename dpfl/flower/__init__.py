@@ -6,7 +6,7 @@
     wire                     the records the messages carry
     loopback                 the same handlers in process (tests, dry runs)
     appdir, certs, local     the Flower App for a config, TLS and node keys, a local federation
-    cli                      `dpfl flower certs | app | local`; bench: `dpfl bench flower`
+    (commands: `dpfl flower certs | app | local` in dpfl/cli/flower.py; `dpfl bench flower` in dpfl/bench/flower.py)
 
 See docs/deployment.md. Importing this package imports nothing heavy: a ClientApp process
 loads only what its message needs.

@@ -24,16 +24,16 @@ import numpy as np
 import torch
 
 from dpfl.config import RunConfig
-from dpfl.engine.sampling import local_positions, poisson_positions
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.schemes.sampling import local_positions, poisson_positions
+from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
 from dpfl.secagg.graph import default_threshold
 from dpfl.secagg.protocol import RoundConfig
-from dpfl.secagg.transport import SecAggTransport
 
 
 class OsSeeds(Seeds):

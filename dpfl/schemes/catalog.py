@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dpfl.compression.bits import SignCodec
 from dpfl.errors import ConfigError
+from dpfl.schemes.aggregators import MeanAggregator, SumAggregator, WeightedMeanAggregator
 from dpfl.schemes.cs import CompressiveSensingStep, LowPassDCTStep
 from dpfl.schemes.registry import Scheme, register
 from dpfl.schemes.sign import SignStep
 from dpfl.schemes.subset import RandomSubsetStep
 from dpfl.schemes.topk import TopKStep
-from dpfl.schemes.transport import MeanAggregator, PlainTransport, SumAggregator, WeightedMeanAggregator
+from dpfl.schemes.transport import PlainTransport
 
 
 def _ratio(name: str, ratio: float) -> float:

@@ -49,6 +49,7 @@ from dpfl.privacy import (
 from dpfl.privacy import rdp as R
 from dpfl.privacy.ledger import SUPPORTED_SAMPLINGS
 from dpfl.schemes import sensitivity
+from dpfl.schemes.aggregators import SumAggregator
 from dpfl.schemes.base import SetupContext, Step, Transport
 from dpfl.schemes.cs import CompressiveSensingStep, LowPassDCTStep
 from dpfl.schemes.dp import (
@@ -65,7 +66,6 @@ from dpfl.schemes.registry import Scheme, register
 from dpfl.schemes.sign import SignStep
 from dpfl.schemes.subset import RandomSubsetStep
 from dpfl.schemes.topk import TopKStep
-from dpfl.schemes.transport import SumAggregator
 
 # ---- σ ------------------------------------------------------------------------------------
 

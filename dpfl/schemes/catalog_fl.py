@@ -12,12 +12,13 @@ import math
 from typing import Any
 
 from dpfl.errors import ConfigError
+from dpfl.schemes.aggregators import MeanAggregator, SumAggregator, WeightedMeanAggregator
 from dpfl.schemes.client_state import state_dtype as parse_state_dtype
 from dpfl.schemes.feddyn import FedDynStep
 from dpfl.schemes.fsvrg import FSVRGStep
 from dpfl.schemes.registry import Scheme, register
 from dpfl.schemes.subfedavg import SubFedAvgStep
-from dpfl.schemes.transport import MeanAggregator, PlainTransport, SumAggregator, WeightedMeanAggregator
+from dpfl.schemes.transport import PlainTransport
 
 
 def _number(scheme: str, name: str, v: Any, lo: float, hi: float = math.inf, lo_open: bool = False,

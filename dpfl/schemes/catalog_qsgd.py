@@ -11,11 +11,12 @@ import math
 
 from dpfl.compression.qsgd import QSGDCodec
 from dpfl.errors import ConfigError
+from dpfl.schemes.aggregators import WeightedMeanAggregator
 from dpfl.schemes.catalog_dp import _sigma_or_epsilon, calibrated_sigma, client_sampling
 from dpfl.schemes.dp import Clip, DPMeanAggregator, GaussianNoise, PlainDP
 from dpfl.schemes.qsgd import QSGDStep
 from dpfl.schemes.registry import Scheme, register
-from dpfl.schemes.transport import PlainTransport, WeightedMeanAggregator
+from dpfl.schemes.transport import PlainTransport
 
 
 @register("qsgd")

@@ -58,8 +58,9 @@ from dpfl.privacy import (
 )
 from dpfl.privacy.mechanisms import discrete_gaussian, gaussian_noise
 from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step, Transport
+from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.schemes.transport import PlainTransport
-from dpfl.secagg import RoundAborted, SecAggTransport, gaussian_clip_range, sign_dp_bits
+from dpfl.secagg import RoundAborted, gaussian_clip_range, sign_dp_bits
 
 PLACEMENTS = ("distributed", "local", "central")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dpfl.engine.flat import FlatParams
+from dpfl.models.flat import FlatParams
 from dpfl.schemes.base import ClientPlan, RoundContext, SetupContext, Step
 from dpfl.schemes.client_state import ClientTable
 

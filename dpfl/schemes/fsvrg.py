@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dpfl.engine.sampling import local_positions
 from dpfl.schemes.base import ClientPlan, RoundContext, SetupContext, Step
+from dpfl.schemes.sampling import local_positions
 
 GRAD_SAMPLES = 8192  # samples per chunk of the round-start full-gradient pass
 

@@ -12,10 +12,11 @@ import torch
 
 from dpfl.compression.base import Float32Codec
 from dpfl.errors import ConfigError
+from dpfl.schemes.aggregators import WeightedMeanAggregator
 from dpfl.schemes.base import Aggregator, RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.index import SCHEMES, list_schemes  # noqa: F401  (list_schemes re-exported)
-from dpfl.schemes.std import ServerLR
-from dpfl.schemes.transport import PlainTransport, WeightedMeanAggregator
+from dpfl.schemes.server_lr import ServerLR
+from dpfl.schemes.transport import PlainTransport
 
 
 @dataclass

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from dpfl.compression.subset import random_subset
-from dpfl.engine.sampling import local_positions
 from dpfl.errors import ConfigError
 from dpfl.privacy import PureDPEvent
 from dpfl.privacy.mechanisms import exponential_mechanism
 from dpfl.schemes.base import RoundContext, SetupContext, Step
+from dpfl.schemes.sampling import local_positions
 
 
 def _round0(ctx: SetupContext, cohort: np.ndarray) -> RoundContext:

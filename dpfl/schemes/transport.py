@@ -1,4 +1,4 @@
-"""Plain (non-secure) transports and the basic aggregators."""
+"""The plain (non-secure) transport: every client's row reaches the server, encoded by a codec."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import numpy as np
 import torch
 
 from dpfl.compression.base import Codec, Float32Codec
-from dpfl.errors import ConfigError
-from dpfl.schemes.base import Aggregator, Received, RoundContext, Transport
+from dpfl.schemes.base import Received, RoundContext, Transport
 
 
 class PlainTransport(Transport):
@@ -30,36 +29,3 @@ def sum_rows(rows: torch.Tensor) -> torch.Tensor:
     if rows.device.type == "cpu" and rows.dtype in (torch.int8, torch.int16, torch.int32):
         return torch.from_numpy(rows.numpy().sum(0, dtype=np.int64))
     return rows.sum(0)
-
-
-class SumAggregator(Aggregator):
-    name = "sum"
-
-    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
-        return rec.total.to(torch.float32)
-
-
-class MeanAggregator(Aggregator):
-    """Unweighted mean 1/|K| Σ (DP schemes, FL-CS, FL-TOP)."""
-
-    name = "mean"
-
-    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
-        return (rec.total.to(torch.float64) / max(1, rec.count)).to(torch.float32)
-
-
-class WeightedMeanAggregator(Aggregator):
-    """Σ |D_k|/Σ|D_j| Δw_k (FL-STD, FedAvg)."""
-
-    name = "weighted_mean"
-    needs_rows = True
-
-    def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
-        if rec.rows is None:
-            w = ctx.weights
-            if torch.all(w == w[0]):
-                return (rec.total.to(torch.float64) / max(1, rec.count)).to(torch.float32)
-            raise ConfigError("a data-size-weighted mean needs individual updates; with secure aggregation "
-                              "use the unweighted mean (clients can pre-scale their updates)")
-        w = ctx.weights.to(rec.rows.dtype)
-        return (w / w.sum()) @ rec.rows

@@ -1,5 +1,6 @@
 """Secure aggregation over Z_(2^b): X25519 key agreement, AES-256 counter-mode masks, Shamir dropout recovery
-(Bonawitz et al. 2017; the sparse SecAgg+ graph of Bell et al. 2020), and its `Transport`."""
+(Bonawitz et al. 2017; the sparse SecAgg+ graph of Bell et al. 2020). The protocol only: its `Transport`
+for the schemes is `dpfl.schemes.secure_sum.SecAggTransport`."""
 
 from dpfl.secagg.protocol import RoundAborted
 from dpfl.secagg.ring import (
@@ -12,11 +13,9 @@ from dpfl.secagg.ring import (
     sign_dp_bits,
 )
 from dpfl.secagg.simulate import secure_sum
-from dpfl.secagg.transport import SecAggTransport
 
 __all__ = [
     "RoundAborted",
-    "SecAggTransport",
     "centred_lift",
     "decode_fixed",
     "encode_fixed",

@@ -20,6 +20,7 @@ results (addition mod 2^w commutes).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import threading
@@ -34,7 +35,7 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 from dpfl.errors import ConfigError
 
 try:  # the optional C kernel (setup.py): same words; level 2 = VAES + AVX-512, 1 = AES-NI
-    from dpfl.secagg import _maskkernel as _native
+    _native = importlib.import_module("dpfl.secagg._maskkernel")  # by name: a compiled module, not a .py
 
     _level = _native.cpu_level()
     _choice = os.environ.get("DPFL_SECAGG_KERNEL", "")  # "0": OpenSSL + NumPy path, "aesni": level ≤ 1

@@ -23,6 +23,7 @@ in every round; and the same generator state gives the same words.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 from dpfl.errors import ConfigError, ProtocolError
 
 try:  # the optional C extension (setup.py): a one-pass min/max for the range checks
-    from dpfl.secagg import _maskkernel as _kernel
+    _kernel = importlib.import_module("dpfl.secagg._maskkernel")  # by name: a compiled module, not a .py
 except ImportError:
     _kernel = None
 

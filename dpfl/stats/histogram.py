@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpfl.classic._common import check_epsilon, noise_rng
 from dpfl.errors import ConfigError, DataError, PrivacyError
 from dpfl.privacy.events import ApproxDPEvent, LaplaceEvent, PureDPEvent, check_delta
 from dpfl.privacy.ledger import Ledger
 from dpfl.privacy.mechanisms import laplace_noise
 from dpfl.privacy.samplers import discrete_laplace_exact
+from dpfl.stats.inputs import check_epsilon, noise_rng
 
 NOISES = ("laplace", "discrete_laplace")
 

@@ -2,7 +2,7 @@
 
 Each feature is clipped to its public range [lo, hi] and mapped to u in [0, 1]. Clients send
 sum u and sum (u - 1/2)^2 through a (secure) sum with Laplace noise shares
-(`dpfl.stats.secure_sum`); n = sum n_k is public (replace-one adjacency). Replacing one record
+(`dpfl.stats.noisy_sum`); n = sum n_k is public (replace-one adjacency). Replacing one record
 changes each sum coordinate by at most 1 and each squared coordinate by at most 1/4, so the
 L1 sensitivities are d and d/4; `mean_fraction` of ε goes to the sums, the rest to the squares.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpfl.classic._common import as_bounds, check_epsilon, check_fraction, check_X, noise_rng
-from dpfl.classic._privacy import laplace_event, make_ledger
 from dpfl.errors import DataError
-from dpfl.stats.secure_sum import Summer, noisy_sum, plain_sum
+from dpfl.stats.inputs import as_bounds, check_epsilon, check_fraction, check_X, noise_rng
+from dpfl.stats.ledger import laplace_event, make_ledger
+from dpfl.stats.noisy_sum import Summer, noisy_sum, plain_sum
 
 
 @dataclass

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dpfl.classic._common import noise_rng
-from dpfl.classic._privacy import gaussian_event, make_ledger
 from dpfl.errors import ConfigError, DataError
-from dpfl.stats.secure_sum import Summer, noisy_sum, plain_sum
+from dpfl.stats.inputs import noise_rng
+from dpfl.stats.ledger import gaussian_event, make_ledger
+from dpfl.stats.noisy_sum import Summer, noisy_sum, plain_sum
 
 
 def conf(p):

@@ -28,9 +28,10 @@ def tiny_config(scheme="fl-std", attack=None, rounds=4, clients=40, per_round=10
 def fl_sign(gamma=0.01):
     """FL-SIGN as a chain (Alg. 3): sign step, 1-bit transport, vote by sum."""
     from dpfl.compression.bits import SignCodec
+    from dpfl.schemes.aggregators import SumAggregator
     from dpfl.schemes.registry import Scheme
     from dpfl.schemes.sign import SignStep
-    from dpfl.schemes.transport import PlainTransport, SumAggregator
+    from dpfl.schemes.transport import PlainTransport
 
     return Scheme("fl-sign", [SignStep(gamma)], PlainTransport(SignCodec()), SumAggregator())
 

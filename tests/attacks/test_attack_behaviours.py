@@ -158,7 +158,7 @@ def test_random_update_ruins_fl_std_but_not_fl_sign():
 
 def test_gradient_ascent_colluders_send_one_update_from_the_union_of_their_data():
     from dpfl.attacks.malicious import train_mask
-    from dpfl.engine.sampling import local_positions
+    from dpfl.schemes.sampling import local_positions
 
     cfg = tiny_config(rounds=1, attack={"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}})
     sim = Simulation(cfg, None, log=lambda s: None)
@@ -206,8 +206,8 @@ def test_runs_with_an_attack_are_reproducible():
 
 def test_boosted_signs_cannot_pass_fl_sign_one_bit_transport():
     from dpfl.compression.bits import SignCodec
-    from dpfl.schemes.aggregators import build_aggregator
-    from dpfl.schemes.transport import PlainTransport, SumAggregator
+    from dpfl.schemes.aggregators import SumAggregator, build_aggregator
+    from dpfl.schemes.transport import PlainTransport
 
     k, n = 5, 64
     s = (torch.randint(0, 2, (k, n), generator=torch.Generator().manual_seed(3)) * 2 - 1).to(torch.int8)
@@ -226,9 +226,10 @@ def test_omitted_noise_and_boosted_signs_take_over_fl_sign_dp_but_not_fl_sign():
     """Thesis §6.3 at one round: the attacker's noiseless η_Adv·sign row rides through the secure
     sum of FL-SIGN-DP and decides the vote; FL-SIGN's 1-bit transport leaves it a single vote."""
     from dpfl.compression.bits import SignCodec
+    from dpfl.schemes.aggregators import SumAggregator
     from dpfl.schemes.dp import DiscreteGaussianShare, SecureSum
     from dpfl.schemes.sign import SignStep
-    from dpfl.schemes.transport import PlainTransport, SumAggregator
+    from dpfl.schemes.transport import PlainTransport
 
     k, n = 10, 2000
     u = torch.randn(k, n, generator=torch.Generator().manual_seed(5))
@@ -269,7 +270,7 @@ def test_an_overflowing_ascent_sends_its_last_finite_iterate_and_is_not_dropped(
     """With a huge step the attackers' ascent overflows; they then send the update of the last
     finite step (a NaN row would be dropped as a diverged client and the attack silently disarmed)."""
     from dpfl.attacks.malicious import train_mask
-    from dpfl.engine.sampling import local_positions
+    from dpfl.schemes.sampling import local_positions
 
     ga = {"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}}
     cfg = tiny_config(rounds=1, lr=1e18, attack=ga)

@@ -66,7 +66,7 @@ def test_overfit_model_leaks_membership_and_untrained_model_does_not():
 
 
 def test_membership_from_a_run_directory_and_the_cli(tmp_path):
-    from dpfl.attacks.cli import app
+    from dpfl.cli.attacks import app
     from dpfl.engine.simulator import Simulation
 
     out = tmp_path / "run"
@@ -88,7 +88,7 @@ def test_advantage_standard_error_is_the_binomial_one():
 
 
 def test_leakage_bench_runs_every_scheme_on_a_tiny_federation():
-    from dpfl.attacks.bench import run_bench
+    from dpfl.bench.attacks import run_bench
     from dpfl.schemes.registry import list_schemes
 
     missing = {"fl-sign", "fl-std-dp", "fl-sign-dp"} - set(list_schemes())
@@ -103,9 +103,9 @@ def test_leakage_bench_runs_every_scheme_on_a_tiny_federation():
 
 
 def test_list_command_names_every_attack_and_rule():
-    from dpfl.attacks.cli import app
     from dpfl.attacks.registry import ATTACKS
-    from dpfl.attacks.robust import RULES
+    from dpfl.cli.attacks import app
+    from dpfl.schemes.robust import RULES
 
     res = CliRunner().invoke(app, ["list"])
     assert res.exit_code == 0

@@ -6,8 +6,8 @@ import torch
 from attack_helpers import round_ctx
 from scipy import stats
 
-from dpfl.attacks import robust
 from dpfl.errors import ConfigError
+from dpfl.schemes import robust
 from dpfl.schemes.aggregators import build_aggregator
 from dpfl.schemes.base import Received
 
@@ -117,7 +117,7 @@ def test_sign_vote_rejects_values_outside_plus_minus_one():
 @pytest.mark.parametrize("name", list(robust.RULES))
 def test_robust_rules_refuse_secure_aggregation(name):
     from dpfl.schemes.registry import Scheme
-    from dpfl.secagg.transport import SecAggTransport
+    from dpfl.schemes.secure_sum import SecAggTransport
 
     opts = {"norm-bound": {"bound": 1.0}}.get(name, {})
     agg = build_aggregator(name, opts)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dpfl.experiments.accounting_cli import app
+from dpfl.cli.accounting import app
 from dpfl.experiments.accounting_comparison import (
     METHODS,
     Config,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dpfl.classic.cli import app
+from dpfl.cli.classic import app
 
 runner = CliRunner()
 

@@ -13,7 +13,6 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from dpfl.classic._common import to_unit_ball
 from dpfl.classic.functional import (
     FunctionalLinearRegression,
     FunctionalLogisticRegression,
@@ -26,6 +25,7 @@ from dpfl.errors import DataError, DpflError, PrivacyError
 from dpfl.privacy.events import LaplaceEvent
 from dpfl.privacy.ledger import Ledger
 from dpfl.privacy.rdp import DEFAULT_ORDERS
+from dpfl.stats.inputs import to_unit_ball
 
 
 def record_l1(z, t, lin, quad, cols=None, pairs=None):

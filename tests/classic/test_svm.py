@@ -9,10 +9,10 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.model_selection import train_test_split
 from sklearn.svm import LinearSVC
 
-from dpfl.classic._common import to_unit_ball
 from dpfl.classic.svm import DPSVM, smo_dual
 from dpfl.errors import ConfigError, DataError, PrivacyError
 from dpfl.privacy.events import LaplaceEvent
+from dpfl.stats.inputs import to_unit_ball
 
 
 @pytest.fixture(scope="module")

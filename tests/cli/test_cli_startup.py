@@ -23,7 +23,7 @@ for args in {commands!r}:
         code = 0
     except SystemExit as e:
         code = e.code
-    heavy = sorted(m for m in ("torch", "dpfl.privacy.cli", "dpfl.data", "dpfl.schemes.registry", "dp_accounting",
+    heavy = sorted(m for m in ("torch", "dpfl.cli.privacy", "dpfl.data", "dpfl.schemes.registry", "dp_accounting",
                                "scipy.stats")
                    if m in sys.modules)
     out.append([args, code, heavy])
@@ -40,7 +40,7 @@ def test_quick_commands_do_not_import_torch():
     (help_, schemes, epsilon) = json.loads(p.stdout.strip().splitlines()[-1])
     assert help_ == [["--help"], 0, []]  # listed, not imported
     assert schemes == [["schemes"], 0, []]  # from dpfl.schemes.index, not the registry
-    assert epsilon[1:] == [0, ["dpfl.privacy.cli"]]  # neither dp-accounting nor scipy.stats (~2 s of imports)
+    assert epsilon[1:] == [0, ["dpfl.cli.privacy"]]  # neither dp-accounting nor scipy.stats (~2 s of imports)
     assert "1.2141" in p.stdout  # it did compute epsilon (rdp, sigma 1, q 0.01, 100 steps)
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from typer.testing import CliRunner
 
-from dpfl.collab.cli import app
+from dpfl.cli.collab import app
 from dpfl.collab.fedcollab import Worker, evaluate, train_fedavg, train_losses
 from dpfl.errors import DpflError
 from dpfl.rng import Seeds

@@ -1,6 +1,6 @@
 import importlib.util
 
-from dpfl.compression.bench import run_bench
+from dpfl.bench.cs import run_bench
 
 
 def test_bench_runs_on_a_small_setting_and_reports_measured_numbers():

@@ -11,6 +11,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from typer.testing import CliRunner
 
+from dpfl.cli.dpsgd import app
 from dpfl.dpsgd import (
     DPPlan,
     clipped_grad_sum,
@@ -20,7 +21,6 @@ from dpfl.dpsgd import (
     per_example_grads,
     train,
 )
-from dpfl.dpsgd.cli import app
 from dpfl.dpsgd.core import clip_factors
 from dpfl.dpsgd.train import padded_chunks, poisson_sample
 from dpfl.errors import DpflError
@@ -271,7 +271,7 @@ def test_cli_train_digits():
 
 @pytest.mark.filterwarnings("ignore:Full backward hook")
 def test_bench_measures_every_implementation_on_the_same_batch():
-    from dpfl.dpsgd.bench import OPACUS_MODES, run_bench
+    from dpfl.bench.dpsgd import OPACUS_MODES, run_bench
 
     out = run_bench(
         model="mlp",

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from dpfl.config import load_config
-from dpfl.engine.sampling import poisson_positions
 from dpfl.engine.simulator import Simulation
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, PrivacyError
@@ -17,6 +16,7 @@ from dpfl.models import build_model
 from dpfl.privacy import rdp as R
 from dpfl.privacy.record import RecordAccountant
 from dpfl.rng import Seeds
+from dpfl.schemes.sampling import poisson_positions
 
 ORDERS = R.DEFAULT_ORDERS[::10]  # fractional and integer orders; dp-accounting is slow per order
 DP = {"clip": 1.0, "noise_multiplier": 1.1}

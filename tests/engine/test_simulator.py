@@ -8,9 +8,9 @@ import torch
 from typer.testing import CliRunner
 
 from dpfl.config import load_config
-from dpfl.engine.sampling import drop, local_positions, select_fixed, select_poisson
 from dpfl.engine.simulator import Simulation
 from dpfl.errors import ConfigError
+from dpfl.schemes.sampling import drop, local_positions, select_fixed, select_poisson
 
 TIME_KEYS = ("train_seconds", "eval_seconds", "round_seconds")
 

@@ -13,7 +13,7 @@ from dpfl.models import build_model
 
 def reference_updates(model, w, x, y, batches, lr, optimizer="sgd", mask=None, sign=None, loss="ce"):
     """Plain PyTorch: one nn.Module and one torch.optim optimizer per client."""
-    from dpfl.engine.flat import FlatParams
+    from dpfl.models.flat import FlatParams
 
     flat = FlatParams(model)
     out = []

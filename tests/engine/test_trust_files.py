@@ -34,7 +34,7 @@ def _run(tmp_path, tiny_config, name="run", **over):
 
 
 def test_checkpoint_that_runs_code_is_refused(tmp_path, tiny_config):
-    from dpfl.attacks.membership import membership_from_run
+    from dpfl.engine.final_model import load_final_model
 
     _run(tmp_path, tiny_config, **{"federation.rounds": 1})
     marker = tmp_path / "code-ran"
@@ -42,7 +42,7 @@ def test_checkpoint_that_runs_code_is_refused(tmp_path, tiny_config):
     with pytest.raises(DataError, match=r"run/checkpoint.pt: refusing to load.*could run code.*os.makedirs"):
         Simulation.resume(tmp_path / "run", **QUIET)
     with pytest.raises(DataError, match=r"checkpoint.pt: refusing to load"):
-        membership_from_run(tmp_path / "run", samples=10)
+        load_final_model(tmp_path / "run")  # what `dpfl attacks membership RUN_DIR` reads
     assert not marker.exists()
 
 

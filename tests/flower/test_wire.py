@@ -14,9 +14,9 @@ from dpfl.flower import wire
 from dpfl.flower.node import NodeSettings, OsSeeds, check_round_config
 from dpfl.flower.party import round_public_keys
 from dpfl.rng import Seeds
+from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg.protocol import HEADER_BYTES, MaskedInput, RoundConfig, ShareKeys, UnmaskShares
 from dpfl.secagg.ring import word_dtype
-from dpfl.secagg.transport import SecAggTransport
 
 
 @pytest.mark.parametrize("bits", [1, 10, 22, 32, 33, 64])

@@ -9,10 +9,10 @@ from pate_reference import all_histograms, gauss, neighbours, noisy_max_probs, s
 from scipy import stats
 from typer.testing import CliRunner
 
+from dpfl.cli.pate import app
 from dpfl.errors import DpflError
 from dpfl.pate import analyze, gnmax, gnss
 from dpfl.pate.analysis import GaussianOptions
-from dpfl.pate.cli import app
 from dpfl.pate.noise import gaussian
 from dpfl.pate.votes import UNANSWERED, confident_gnmax
 from dpfl.rng import Seeds

@@ -8,9 +8,9 @@ from pate_reference import gauss, laplace, noisy_max_probs
 from scipy import stats
 from typer.testing import CliRunner
 
+from dpfl.cli.pate import app
 from dpfl.errors import DpflError
 from dpfl.pate import noisy_max
-from dpfl.pate.cli import app
 from dpfl.pate.noise import gaussian as gauss_noise
 from dpfl.pate.noise import laplace as lap_noise
 from dpfl.rng import Seeds

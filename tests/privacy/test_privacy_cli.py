@@ -5,8 +5,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dpfl.privacy.bench import run_bench
-from dpfl.privacy.cli import app
+from dpfl.bench.privacy import run_bench
+from dpfl.cli.privacy import app
 
 runner = CliRunner()
 

@@ -7,6 +7,7 @@ import dp_accounting as dpa
 import pytest
 from typer.testing import CliRunner
 
+from dpfl.cli.privacy import app
 from dpfl.errors import PrivacyError
 from dpfl.privacy import (
     ACCOUNTANTS,
@@ -17,7 +18,6 @@ from dpfl.privacy import (
     epsilon_without_replacement,
     event_from_dict,
 )
-from dpfl.privacy.cli import app
 from dpfl.privacy.events import SAMPLINGS, sampling_neighbouring, subsampled_gaussian
 from dpfl.privacy.ledger import SUPPORTED_SAMPLINGS
 from dpfl.privacy.rdp import MOMENTS_ORDERS

@@ -7,8 +7,9 @@ import torch
 from dpfl.compression.cs import bpdn
 from dpfl.compression.dct import ChunkedDCT
 from dpfl.errors import ConfigError
+from dpfl.schemes.aggregators import MeanAggregator
 from dpfl.schemes.cs import CompressiveSensingStep, LowPassDCTStep
-from dpfl.schemes.transport import MeanAggregator, PlainTransport
+from dpfl.schemes.transport import PlainTransport
 
 
 def run_round(step, u, ctx):

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from dpfl.config import load_config
-from dpfl.engine.sampling import local_positions
 from dpfl.engine.simulator import Simulation
 from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import ConfigError
 from dpfl.models import build_model
+from dpfl.schemes.sampling import local_positions
 
 
 def _cfg(scheme, rounds=12, partition="shards", checkpoint_every=10, lr=0.3, **opts):

@@ -2,8 +2,9 @@ import numpy as np
 import torch
 
 from dpfl.compression.bits import SignCodec
+from dpfl.schemes.aggregators import SumAggregator
 from dpfl.schemes.sign import SignStep
-from dpfl.schemes.transport import PlainTransport, SumAggregator
+from dpfl.schemes.transport import PlainTransport
 
 
 def test_fl_sign_round_is_a_majority_vote_with_one_bit_per_parameter(contexts):

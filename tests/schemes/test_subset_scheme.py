@@ -1,7 +1,8 @@
 import torch
 
+from dpfl.schemes.aggregators import WeightedMeanAggregator
 from dpfl.schemes.subset import RandomSubsetStep
-from dpfl.schemes.transport import PlainTransport, WeightedMeanAggregator
+from dpfl.schemes.transport import PlainTransport
 
 
 def test_fl_rnd_sends_k_values_of_a_fresh_shared_subset(contexts):

@@ -3,8 +3,9 @@ import torch
 from torch import nn
 
 from dpfl.engine.trainer import LocalTraining, Trainer
+from dpfl.schemes.aggregators import MeanAggregator
 from dpfl.schemes.topk import TopKStep
-from dpfl.schemes.transport import MeanAggregator, PlainTransport
+from dpfl.schemes.transport import PlainTransport
 
 
 def tiny_model():

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from dpfl.classic._privacy import pure_epsilon
 from dpfl.errors import ConfigError, DataError, PrivacyError
 from dpfl.privacy.ledger import Ledger
 from dpfl.stats import dp_histogram, stability_threshold, stable_histogram
+from dpfl.stats.ledger import pure_epsilon
 
 
 def _moments_match(noise: np.ndarray, var: float) -> None:
@@ -116,7 +116,7 @@ def test_bench_matches_the_closed_forms():
 
     from rich.console import Console
 
-    from dpfl.stats.bench import run_bench
+    from dpfl.bench.stats import run_bench
 
     (row,) = run_bench(epsilons=(0.5,), seeds=2, n=5000, console=Console(file=io.StringIO()))["rows"]
     se = 2.0 / math.sqrt(2 * 1000)  # sd of |Lap(b)| is b; 2 seeds x 1000 bins

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.classic.tables import load_builtin
-from dpfl.stats.cli import app
+from dpfl.cli.stats import app
 
 runner = CliRunner()
 AGE = ["--column", "age", "--seed", "0"]

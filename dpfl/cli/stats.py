@@ -11,10 +11,10 @@ import math
 import numpy as np
 import typer
 
-from dpfl.classic._common import check_epsilon
 from dpfl.classic.tables import BUILTIN, Table, load_table
 from dpfl.errors import ConfigError, DpflError
 from dpfl.privacy.events import check_delta
+from dpfl.stats.inputs import check_epsilon
 
 app = typer.Typer(help="DP statistics of a column: mean and std, count, histogram.", no_args_is_help=True)
 
@@ -63,8 +63,8 @@ def mean(
     """ε-DP mean and standard deviation (Laplace; half of ε each; n public)."""
 
     def go():
-        from dpfl.classic._privacy import pure_epsilon
         from dpfl.stats import dp_mean_std
+        from dpfl.stats.ledger import pure_epsilon
 
         eps = check_epsilon(epsilon, "--epsilon")
         _range(lower, upper, ("lower", "upper"))
@@ -156,8 +156,8 @@ def histogram(
     """DP histogram (add/remove neighbours, one record in one bin): known domain (ε-DP) or --stable ((ε, δ)-DP)."""
 
     def go():
-        from dpfl.classic._privacy import pure_epsilon
         from dpfl.stats import dp_histogram, stable_histogram
+        from dpfl.stats.ledger import pure_epsilon
 
         eps = check_epsilon(epsilon, "--epsilon")
         if sum([bins is not None, categories is not None, stable]) != 1:

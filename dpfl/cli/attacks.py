@@ -23,10 +23,12 @@ def membership(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Loss-threshold membership inference (Yeom et al.) on the run's final global model."""
-    from dpfl.attacks.membership import membership_from_run
+    from dpfl.attacks.membership import membership_advantage
+    from dpfl.engine.final_model import load_final_model
 
     try:
-        res = membership_from_run(run_dir, samples=samples, seed=seed)
+        model, fed, cfg = load_final_model(run_dir)  # the members: the clients' original data
+        res = membership_advantage(model, fed, samples, seed, cfg.eval.batch_size)
     except DpflError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
@@ -51,7 +53,7 @@ def membership(
 def list_() -> None:
     """Malicious behaviours and robust aggregators."""
     from dpfl.attacks.registry import attack_options, list_attacks
-    from dpfl.attacks.robust import RULES
+    from dpfl.schemes.robust import RULES
 
     for name, desc in list_attacks().items():
         console.print(f"[bold]{name:16s}[/bold] {desc}  [dim]options: {', '.join(attack_options(name))}[/dim]")

@@ -92,7 +92,7 @@ def local_cmd(
     timeout: float = typer.Option(1800.0, help="seconds the whole run may take"),
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
-    from dpfl.flower.bench import compare, table
+    from dpfl.bench.flower import compare, table
     from dpfl.flower.local import run_local
 
     try:

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from dpfl.classic._common import check_epsilon
 from dpfl.classic.tables import BUILTIN, Table, load_csv, load_table
 from dpfl.errors import ConfigError, DataError, DpflError
+from dpfl.stats.inputs import check_epsilon
 
 app = typer.Typer(help="DP classical models (functional mechanism, DP-SVM, DP random forest).", no_args_is_help=True)
 
@@ -85,7 +85,7 @@ def train_and_compare(
     """Fit the DP model and its non-private scikit-learn counterpart on one split; the numbers."""
     from sklearn.model_selection import train_test_split
 
-    from dpfl.classic._privacy import pure_epsilon
+    from dpfl.stats.ledger import pure_epsilon
 
     if model not in MODELS:
         raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")

@@ -111,6 +111,7 @@ class SecAggTransport(Transport):
             out = torch.from_numpy(ring.decode_fixed(total, bits, self.frac_bits))
         else:
             out = torch.from_numpy(ring.centred_lift(total, bits))
+        out = out.to(ctx.device)  # the protocol runs on the CPU; the round goes on on the run's device
         ctx.metrics["secagg_bits"] = float(bits)
         ctx.metrics["secagg_dropped"] = float(n_drop)
         ctx.metrics["secagg_protocol_bytes"] = float(stats["protocol_bytes"].mean())

@@ -5,9 +5,9 @@ import torch
 from dpfl.errors import ConfigError, ProtocolError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext
+from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
 from dpfl.secagg.protocol import RoundAborted
-from dpfl.secagg.transport import SecAggTransport
 
 
 def _ctx(k, d, rnd=1, seed=0):

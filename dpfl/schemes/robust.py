@@ -13,7 +13,7 @@ they are handed only a sum.
   {−1, +1} is rejected, the others are summed (the majority vote). FL-SIGN's own 1-bit sign
   transport cannot carry other values at all; this rule is for transports that can.
 
-Importing this module registers the rules in `dpfl.schemes.aggregators.AGGREGATORS`.
+`dpfl.schemes.aggregators.AGGREGATORS` lists them by name.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import math
 import torch
 
 from dpfl.errors import ConfigError
-from dpfl.schemes.aggregators import AGGREGATORS
 from dpfl.schemes.base import Aggregator, Received, RoundContext
 
 _CHUNK = 1 << 18  # coordinates per block (bounds the memory of sorting [k, n])
@@ -172,4 +171,3 @@ class SignVote(_RowsAggregator):
 
 
 RULES = {c.name: c for c in (CoordinateMedian, TrimmedMean, Krum, MultiKrum, NormBound, SignVote)}
-AGGREGATORS.update(RULES)

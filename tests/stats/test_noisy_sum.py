@@ -6,7 +6,7 @@ from scipy import stats
 
 from dpfl.errors import ConfigError, DataError
 from dpfl.rng import Seeds
-from dpfl.stats.secure_sum import gaussian_share, laplace_share, noisy_sum
+from dpfl.stats.noisy_sum import gaussian_share, laplace_share, noisy_sum
 
 
 @pytest.mark.parametrize("k", [1, 2, 7])

@@ -85,7 +85,7 @@ def run_bench(
     """Time one secure-aggregation round per neighbour graph (None = complete) and print a table."""
     console = console or Console()
     if round_seconds is None:  # the reference: this machine's setting-D training round (vectorized engine)
-        from dpfl.engine.bench import training_round_seconds
+        from dpfl.bench.engine import training_round_seconds
 
         round_seconds = training_round_seconds()
         console.print(f"setting-D training round on this machine: {round_seconds:.2f} s")
