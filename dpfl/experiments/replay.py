@@ -40,17 +40,23 @@ def _comparable(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in json.loads(json.dumps(m)).items() if not k.endswith("_seconds")}
 
 
-def replay_row(run_dir: Path, rounds: int) -> dict[str, Any]:
-    """Rounds 1..`rounds` of the row in `run_dir`, run afresh and compared with its metrics.jsonl."""
+def rerun(run_dir: Path, rounds: int) -> list[dict[str, Any]]:
+    """The first `rounds` metrics lines of the row in `run_dir`, run afresh from its config.toml."""
     from dpfl.config import load_config
     from dpfl.engine.simulator import Simulation
 
-    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    want = [_comparable(m) for m in lines[:rounds]]
     cfg = load_config(run_dir / "config.toml")
     with tempfile.TemporaryDirectory() as tmp:
         sim = Simulation(cfg, Path(tmp) / "run", log=lambda s: None)
-        got = [_comparable(sim.step_round()) for _ in want]
+        return [_comparable(sim.step_round()) for _ in range(rounds)]
+
+
+def replay_row(run_dir: Path, rounds: int, against: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Rounds 1..`rounds` of the row in `run_dir`, run afresh and compared with its metrics.jsonl (or with
+    `against`: the same rounds as another checkout of dpfl ran them, see `main`)."""
+    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    want = [_comparable(m) for m in (lines if against is None else against)[:rounds]]
+    got = rerun(run_dir, len(want))
     diffs = []
     for r, (a, b) in enumerate(zip(want, got), 1):
         for k in sorted(set(a) | set(b)):
@@ -81,3 +87,39 @@ def replay(records: Path, table: str, rounds: int, console: Console) -> list[dic
                   "same" if not res["diffs"] else f"{len(res['diffs'])} differ")
     console.print(t)
     return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Before/after check across commits: `python replay.py RECORDS OUT.json --rounds N` saves what this
+    checkout computes (the file only needs what dpfl had before `--replay` existed, so it runs on older
+    commits too); `--against BEFORE.json` compares with such a file instead of the records."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("records", type=Path)
+    ap.add_argument("out", type=Path, nargs="?")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--table", default="all")
+    ap.add_argument("--against", type=Path)
+    a = ap.parse_args(argv)
+    before = json.loads(a.against.read_text()) if a.against else None
+    saved, differ = {}, 0
+    for d in recorded_rows(a.records, a.table):
+        key = str(d.relative_to(a.records))
+        if before is not None:
+            if key not in before:
+                print(f"{key}: not in {a.against}")
+                continue
+            res = replay_row(d, a.rounds, before[key])
+            differ += bool(res["diffs"])
+            print(f"{key}: {'same' if not res['diffs'] else res['diffs'][:4]}", flush=True)
+        if a.out:
+            saved[key] = rerun(d, a.rounds)
+            a.out.write_text(json.dumps(saved, indent=1))
+            print(f"{key}: saved", flush=True)
+    sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
