@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dpfl.errors import ConfigError
 from dpfl.privacy.ledger import SUPPORTED_SAMPLINGS
+from dpfl.schemes.registry import register
 
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -143,22 +144,20 @@ def _one_line(err: ValidationError) -> str:
 
 _ENV = ("n_params", "cohort_size", "n_clients", "sampling", "sampling_rate", "rounds", "privacy")
 _KW = inspect.Parameter.KEYWORD_ONLY
+_EMPTY = inspect.Parameter.empty
 
 
 def register_dp(name: str, mechanism: str = "gaussian", **defaults: Any) -> Callable[[Callable], Callable]:
     """Register `fn(dp: DPOptions, **own)` as scheme `name`. Its options: `fn`'s own, then the
     DP options (not clip, clip_clients, clip_epsilon, frac_bits for the discrete mechanism), with
     `defaults` replacing DPOptions's defaults. The run's facts come from the engine's env."""
-    from dpfl.schemes.registry import register
-
     dp_keys = [k for k in USER_OPTIONS if mechanism == "gaussian" or k not in GAUSSIAN_ONLY]
 
     def deco(fn: Callable) -> Callable:
         own = [p.replace(kind=_KW) for p in list(inspect.signature(fn).parameters.values())[1:]]
-        env = [inspect.Parameter(k, _KW, default={"n_clients": None, "sampling": "poisson"}.get(k, inspect._empty))
+        env = [inspect.Parameter(k, _KW, default={"n_clients": None, "sampling": "poisson"}.get(k, _EMPTY))
                for k in _ENV]
         dps = [inspect.Parameter(k, _KW, default=defaults.get(k, DPOptions.model_fields[k].default)) for k in dp_keys]
-
         sig = inspect.Signature(env + own + dps)  # what the registry offers
 
         @functools.wraps(fn)

@@ -62,9 +62,12 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
             chain = [*compress, clip, noise]
         else:
             chain = [clip, noise, *base.steps] if dp.noise == "local" else [clip, *base.steps, noise]
-    # the wire keeps the base's codec, except for rows a client noised in full after compressing
-    local_rows = dp.noise == "local" and not post_processing
-    transport = _transport(noise, dp, Float32Codec() if local_rows else base.transport.codec)
+    if dp.secure:
+        transport: Transport = SecureSum(noise, neighbours=dp.neighbours, threshold=dp.threshold,
+                                         drop_after_masking=dp.drop_after_masking, frac_bits=dp.frac_bits)
+    else:  # the wire keeps the base's codec, except for rows a client noised in full after compressing
+        local_rows = dp.noise == "local" and not post_processing
+        transport = PlainDP(Float32Codec() if local_rows else base.transport.codec)
     aggregator = SumAggregator() if dp.mechanism == "discrete" else DPMeanAggregator()
     return Scheme(dp.name, chain, transport, aggregator, train_overrides=dict(base.train_overrides),
                   full_batch=base.full_batch, all_clients=base.all_clients, privacy_sampling=dp.accounted_sampling)
@@ -115,9 +118,3 @@ def _clip_step(dp: DPOptions, compress: list[Step], auto: ClipSelector | None,
     return (Clip(selector=lambda ctx: sensitivity.private_median(ctx, compress, eps0, dp.clip_clients)),
             (sensitivity.private_median_event(eps0, dp.neighbouring),))
 
-
-def _transport(noise: GaussianNoise | DiscreteGaussianShare, dp: DPOptions, codec) -> Transport:
-    if dp.secure:
-        return SecureSum(noise, neighbours=dp.neighbours, threshold=dp.threshold,
-                         drop_after_masking=dp.drop_after_masking, frac_bits=dp.frac_bits)
-    return PlainDP(codec)
