@@ -4,11 +4,14 @@ Gaussian scales for a single release."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 from scipy import special
 
 from dpfl.errors import PrivacyError
+from dpfl.privacy import rdp as R
 from dpfl.privacy.events import (
+    Event,
     SampledGaussianEvent,
     SampledWithoutReplacementGaussianEvent,
     check_count,
@@ -112,6 +115,70 @@ def calibrate_sigma(
         while epsilon_for(s, q, steps, delta, accountant, neighbouring) > target:
             s *= 1 + rtol
     return s
+
+
+def calibrate_sigma_for_events(
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    steps: int,
+    accountant: str = "rdp",
+    event: Callable[[float], Event] | None = None,
+    prefix: Sequence[Event] = (),
+    neighbouring: str = "add_remove",
+) -> float:
+    """Smallest sigma (to 1e-5 relative, rounded up) with epsilon(prefix + steps x event(sigma)) <=
+    target_epsilon at delta, under `accountant` and `neighbouring`. Starts from `calibrate_sigma`
+    (Poisson-sampled Gaussian) and checks, on a ledger, the events the run will actually record.
+    event: sigma -> one step's event (default: SampledGaussianEvent(sigma, q))."""
+    s = calibrate_sigma(target_epsilon, delta, q, steps, accountant)
+    if event is None and not prefix:
+        return s
+    event = event or (lambda x: SampledGaussianEvent(x, q))
+
+    def eps(x: float, orders=None) -> float:
+        led = Ledger(accountant, neighbouring, orders=orders)
+        for e in prefix:
+            led.add(e)
+        led.add(event(x), count=steps)
+        return led.epsilon(delta)
+
+    if neighbouring == "add_remove":
+        if eps(s) <= target_epsilon:
+            return s  # the events only add to the sampled Gaussian's epsilon: s is the smallest
+        return _bisect(eps, *_bracket(eps, s, target_epsilon), target_epsilon)[1]
+    # another relation (sampling without replacement): s is only a starting point. Under rdp the
+    # search runs on the orders <= 64 (fast; their epsilon is >= the full grid's), then the full grid
+    # confirms that sigma / (1 + 1e-5) is not enough there either.
+    fast = (lambda x: eps(x, R.DEFAULT_ORDERS[R.DEFAULT_ORDERS <= 64])) if accountant == "rdp" else eps
+    lo, hi = _bisect(fast, *_bracket(fast, s, target_epsilon), target_epsilon)
+    if fast is eps or eps(lo) > target_epsilon:
+        return hi
+    return _bisect(eps, *_bracket(eps, lo, target_epsilon), target_epsilon)[1]
+
+
+def _bracket(eps: Callable[[float], float], s: float, epsilon: float) -> tuple[float, float]:
+    """(lo, hi) around s with eps(lo) > epsilon >= eps(hi)."""
+    if eps(s) <= epsilon:
+        lo, hi = s / 2, s
+        while eps(lo) <= epsilon:
+            lo, hi = lo / 2, lo
+            if lo < 1e-4:
+                raise PrivacyError(f"ε = {epsilon} is reached for every σ ≥ 1e-4 with these events")
+        return lo, hi
+    lo, hi = s, s * 1.05
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e7:
+            raise PrivacyError(f"no σ ≤ 1e7 reaches ε = {epsilon} with these events")
+    return lo, hi
+
+
+def _bisect(eps: Callable[[float], float], lo: float, hi: float, epsilon: float) -> tuple[float, float]:
+    while hi / lo > 1 + 1e-5:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if eps(mid) <= epsilon else (mid, hi)
+    return lo, hi
 
 
 def laplace_scale(epsilon: float, sensitivity: float = 1.0) -> float:

@@ -70,6 +70,7 @@ class RoundContext:
     metrics: dict[str, float] = field(default_factory=dict)  # steps add scalars here
     malicious: np.ndarray | None = None  # bool [k] set by an attack; honest steps may ignore it
     omit_noise: np.ndarray | None = None  # bool [k]: attackers that drop their DP noise share (§6.3)
+    dp_noise_std: float | None = None  # per-coordinate std of the DP noise in this round's mean (DP noise step)
 
     # k: the clients whose rows make up this round's sum; 0 = len(cohort). A deployed client
     # (dpfl.flower) runs the chain on its own row only: cohort = [its id], answering = k.

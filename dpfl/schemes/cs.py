@@ -12,7 +12,6 @@ once per round.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +32,8 @@ class CompressiveSensingStep(Step):
 
     λ = "noise" (DP versions only): λ_t is the universal threshold of the fresh DP noise in
     η_G u_t, τ_t·√(m/n)·√(2 ln n) with τ_t its per-coefficient std (tracked through the
-    momentum from `noise_std`, the std of the noise in the mean y_t). Thesis λ = 1e-5 makes
+    momentum from `ctx.dp_noise_std`, the std of the noise in the mean y_t, which the DP noise
+    step sets in the round's context before this step's `server` runs). Thesis λ = 1e-5 makes
     BPDN interpolate that noise with a sparse vector of large entries (‖s‖ several times
     ‖e_t‖, single weights moved by ~0.9 after 5 rounds of pure noise), which wrecks the
     model; at the universal threshold, pure noise reconstructs to s = 0 with high probability.
@@ -60,7 +60,6 @@ class CompressiveSensingStep(Step):
             raise ConfigError(f"FL-CS momentum ρ must be in [0, 1), got {momentum}")
         self.ratio, self.chunks, self.lam = ratio, int(chunks), lam if isinstance(lam, str) else float(lam)
         self.lam_scale = float(lam_scale)
-        self.noise_std: Callable[[RoundContext], float] | None = None  # set by the DP scheme for λ = "noise"
         self.noise_var = 0.0  # per-coefficient variance of the DP noise in the momentum u
         self.server_lr, self.momentum = float(server_lr), float(momentum)
         self.max_iter, self.tol = int(max_iter), float(tol)
@@ -83,9 +82,9 @@ class CompressiveSensingStep(Step):
     def _lambda(self, ctx: RoundContext) -> float:
         if self.lam != "noise":
             return self.lam
-        if self.noise_std is None:
+        if ctx.dp_noise_std is None:
             raise ConfigError("FL-CS λ = 'noise' needs a DP scheme (fl-cs-dp) that knows its noise level")
-        self.noise_var = self.momentum**2 * self.noise_var + float(self.noise_std(ctx)) ** 2
+        self.noise_var = self.momentum**2 * self.noise_var + float(ctx.dp_noise_std) ** 2
         n, m = self.op.n, self.op.m
         return max(self.lam_scale * self.server_lr * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
 

@@ -2,7 +2,7 @@
 privacy event each round adds to the ledger.
 
 A DP scheme is a chain  [compression step] → Clip(S) → GaussianNoise(σ)  (or, for FL-SIGN-DP,
-SignStep → DiscreteGaussianShare(σ)), a transport and an aggregator (see `catalog_dp`).
+SignStep → DiscreteGaussianShare(σ)), a transport and an aggregator (see `dp_wrapper.make_private`).
 
 Noise placement (`noise=`):
 
@@ -300,6 +300,8 @@ class GaussianNoise(_NoiseStep):
         return out.to(u.device)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if self.noise != "distributed" or ctx.k() > self.tolerate:  # (else the round released nothing)
+            ctx.dp_noise_std = self.mean_noise_std(ctx)  # for later server steps (FL-CS's λ = "noise")
         if self.noise != "central":
             return agg
         std = self.clip.bound * self.sigma / dp_denominator(ctx)

@@ -107,6 +107,12 @@ def test_fl_freq_is_a_low_pass_round_trip(contexts):
     assert float(step.client(resid.unsqueeze(0), ctx).abs().max()) < 1e-5  # nothing low-frequency left
 
 
+def _noised(ctx, tau):
+    """The round's context as the DP noise step leaves it: noise std tau in the mean."""
+    ctx.dp_noise_std = tau
+    return ctx
+
+
 def test_noise_lambda_is_the_universal_threshold_of_the_dp_noise(contexts):
     """λ = "noise": the first round of noise-only aggregates reconstructs to nothing (thesis
     λ = 1e-5 interpolates it), λ follows the noise variance through the momentum, and a sparse
@@ -118,22 +124,20 @@ def test_noise_lambda_is_the_universal_threshold_of_the_dp_noise(contexts):
     nnz = {}
     for lam in (1e-5, "noise"):
         step = CompressiveSensingStep(ratio=0.05, chunks=4, lam=lam, momentum=rho)
-        step.noise_std = lambda ctx: tau
         step.setup(sctx)
-        nnz[lam] = int((step.server(y, rctx(1, 5)) != 0).sum())
+        nnz[lam] = int((step.server(y, _noised(rctx(1, 5), tau)) != 0).sum())
     assert nnz["noise"] == 0 and nnz[1e-5] > 1000
-    ctx = rctx(2, 5)
+    ctx = _noised(rctx(2, 5), tau)
     step.server(torch.zeros(1000), ctx)
     var = tau**2 * (1 + rho**2)
     assert step.state_dict()["noise_var"] == pytest.approx(var)
     assert ctx.metrics["cs_lambda"] == pytest.approx(0.35 * math.sqrt(var * 0.05 * 2 * math.log(n)), rel=1e-3)
     step = CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise", momentum=0.0, server_lr=1.0,
                                   max_iter=5000, tol=1e-4)
-    step.noise_std = lambda ctx: tau
     step.setup(sctx)
     w = torch.zeros(n)
     w[torch.randperm(n, generator=gen)[:20]] = 5.0
-    s = step.server(step.op.compress(w.unsqueeze(0))[0] + y, rctx(1, 5))
+    s = step.server(step.op.compress(w.unsqueeze(0))[0] + y, _noised(rctx(1, 5), tau))
     assert len(set(s.abs().topk(20).indices.tolist()) & set(w.nonzero().flatten().tolist())) >= 18
 
 
@@ -153,9 +157,8 @@ def test_lam_scale_multiplies_the_noise_threshold(contexts):
     lams = {}
     for scale in (1.0, 0.5):
         step = CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise", lam_scale=scale)
-        step.noise_std = lambda ctx: tau
         step.setup(sctx)
-        ctx = rctx(1, 5)
+        ctx = _noised(rctx(1, 5), tau)
         step.server(torch.zeros(1000), ctx)
         lams[scale] = ctx.metrics["cs_lambda"]
     assert lams[0.5] == pytest.approx(lams[1.0] / 2, rel=1e-9)

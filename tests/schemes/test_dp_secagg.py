@@ -88,7 +88,8 @@ def test_fl_sign_dp_secure_sum_equals_the_plain_sum_of_noisy_integers(contexts):
 @pytest.mark.parametrize("epsilon,bits", [(1, 22), (2, 21), (4, 21)])
 def test_fl_sign_dp_bits_per_parameter_in_setting_b(contexts, epsilon, bits):
     privacy = PrivacyConfig(accountant="moments", delta=1e-5)
-    scheme = fl_sign_dp(N_B, 100, 1 / 60, 200, privacy, epsilon=epsilon)
+    scheme = fl_sign_dp(n_params=N_B, cohort_size=100, sampling_rate=1 / 60, rounds=200, privacy=privacy,
+                        epsilon=epsilon)
     share = scheme.steps[1]
     assert share.sigma == pytest.approx({1: 1.5406, 2: 1.0844, 4: 0.8100}[epsilon], abs=2e-4)
     inner = scheme.transport.round_transport(100, N_B)

@@ -1,0 +1,121 @@
+"""Any compression scheme → its client-level DP version (thesis ch. 5): `make_private(base, dp)`.
+
+    Gaussian (default)   base steps → Clip(S) → GaussianNoise(σ)   | secure sum or plain | DP mean
+    post-processing      Clip(S) → noise → base steps (local), Clip(S) → base steps → noise (central)
+    discrete (FL-SIGN)   base steps → DiscreteGaussianShare(σ)      | secure sum or plain | sum
+
+σ is resolved once (`resolve_sigma`): the given multiplier, or the smallest one that reaches the
+target ε for the events the run will record (`privacy.calibrate_sigma_for_events`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from dpfl.compression.base import Float32Codec
+from dpfl.errors import ConfigError
+from dpfl.privacy import (
+    DiscreteGaussianEvent,
+    Event,
+    GaussianEvent,
+    SampledWithoutReplacementGaussianEvent,
+    calibrate_sigma_for_events,
+    sampler_tv_bound,
+)
+from dpfl.schemes import sensitivity
+from dpfl.schemes.aggregators import SumAggregator
+from dpfl.schemes.base import SetupContext, Step, Transport
+from dpfl.schemes.dp import Clip, DiscreteGaussianShare, DPMeanAggregator, GaussianNoise, PlainDP, SecureSum
+from dpfl.schemes.dp_options import DPOptions
+from dpfl.schemes.registry import Scheme
+from dpfl.schemes.transport import PlainTransport
+
+ClipSelector = Callable[[SetupContext], tuple[float, str]]
+
+
+def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None = None,
+                 post_processing: bool = False, norm_growth: float = 1.0) -> Scheme:
+    """The client-level DP version of `base` (a scheme with a plain transport), named `dp.name`.
+
+    auto_clip: how clip = "auto" picks S (default: median norm of the clients' compressed
+    updates, `sensitivity.client_median`). post_processing: the base steps run after the noise
+    (a quantizer on the wire, e.g. QSGD); with central noise the server's noise then covers
+    sensitivity `norm_growth`·S (‖step(v)‖ ≤ norm_growth·‖v‖)."""
+    if not isinstance(base.transport, PlainTransport):
+        raise ConfigError(f"scheme {dp.name!r}: the DP wrapper needs a base scheme with a plain transport")
+    if dp.mechanism == "discrete":
+        noise: GaussianNoise | DiscreteGaussianShare = _discrete_noise(dp)
+        chain = [*base.steps, noise]
+    else:
+        if post_processing and dp.noise == "distributed":
+            raise ConfigError(f"scheme {dp.name!r}: noise must be 'local' or 'central', got 'distributed' (its "
+                              "compression runs after the noise: shares would be compressed before they sum, "
+                              "with no Gaussian guarantee)")
+        compress = [] if post_processing else list(base.steps)
+        clip, prefix = _clip_step(dp, compress, auto_clip, post_processing)
+        sens = clip
+        if post_processing and dp.noise == "central":  # ‖Q(v)‖ ≤ growth·‖v‖ (+ float margin)
+            sens = Clip(clip.bound * norm_growth * (1 + 1e-6))
+        sigma = resolve_sigma(dp, _gaussian_event(dp), prefix)
+        noise = GaussianNoise(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
+                              without_replacement=dp.without_replacement)
+        if not post_processing:
+            chain = [*compress, clip, noise]
+        else:
+            chain = [clip, noise, *base.steps] if dp.noise == "local" else [clip, *base.steps, noise]
+    if dp.secure:
+        transport: Transport = SecureSum(noise, neighbours=dp.neighbours, threshold=dp.threshold,
+                                         drop_after_masking=dp.drop_after_masking, frac_bits=dp.frac_bits)
+    else:  # the wire keeps the base's codec, except for rows a client noised in full after compressing
+        local_rows = dp.noise == "local" and not post_processing
+        transport = PlainDP(Float32Codec() if local_rows else base.transport.codec)
+    aggregator = SumAggregator() if dp.mechanism == "discrete" else DPMeanAggregator()
+    return Scheme(dp.name, chain, transport, aggregator, train_overrides=dict(base.train_overrides),
+                  full_batch=base.full_batch, all_clients=base.all_clients, privacy_sampling=dp.accounted_sampling)
+
+
+def resolve_sigma(dp: DPOptions, event: Callable[[float], Event] | None = None, prefix: Sequence[Event] = ()) -> float:
+    """σ: the given noise multiplier, or the smallest that reaches dp.epsilon after `prefix` and
+    T rounds of event(σ) (default: the Poisson-sampled Gaussian)."""
+    if dp.sigma is not None:
+        return dp.sigma
+    return calibrate_sigma_for_events(dp.epsilon, dp.delta, dp.sampling_rate, dp.rounds, dp.accountant,
+                                      event, tuple(prefix), dp.neighbouring)
+
+
+def _gaussian_event(dp: DPOptions) -> Callable[[float], Event] | None:
+    """σ → one round's event, as GaussianNoise records it (None: the Poisson-sampled Gaussian)."""
+    if dp.noise == "local":  # worst case: a client in every round, sensitivity 2S
+        return lambda x: GaussianEvent(x / 2)
+    wor = dp.without_replacement
+    return (lambda x: SampledWithoutReplacementGaussianEvent(x, *wor)) if wor else None
+
+
+def _discrete_noise(dp: DPOptions) -> DiscreteGaussianShare:
+    """FL-SIGN-DP's share, σ calibrated on the event its round records for |K| clients."""
+    probe = DiscreteGaussianShare(1.0, dp.sampling_rate, dp.tolerate, dp.noise)
+    n, k = dp.n_params, dp.cohort_size
+
+    def event(x: float) -> Event:
+        probe.sigma = x
+        if dp.noise == "local":
+            return DiscreteGaussianEvent(x / 2, 1.0, n, 1, sampler_tv=n * sampler_tv_bound(probe.share_std(n, k)))
+        return probe.event(n, k)
+
+    return DiscreteGaussianShare(resolve_sigma(dp, event), dp.sampling_rate, dp.tolerate, dp.noise)
+
+
+def _clip_step(dp: DPOptions, compress: list[Step], auto: ClipSelector | None,
+               post_processing: bool) -> tuple[Clip, tuple[Event, ...]]:
+    """The Clip step for dp.clip, and the events its selection charges."""
+    if isinstance(dp.clip, float):
+        return Clip(dp.clip), ()
+    if post_processing:
+        raise ConfigError(f"scheme {dp.name!r}: clip must be a number > 0 here (its compression runs after the "
+                          f"noise), got {dp.clip!r}")
+    if dp.clip == "auto":
+        return Clip(selector=auto or (lambda ctx: sensitivity.client_median(ctx, compress, dp.clip_clients))), ()
+    eps0 = dp.clip_epsilon
+    return (Clip(selector=lambda ctx: sensitivity.private_median(ctx, compress, eps0, dp.clip_clients)),
+            (sensitivity.private_median_event(eps0, dp.neighbouring),))
+
