@@ -1,6 +1,6 @@
 """The scheme contract: a client update flows through a chain of small named steps.
 
-A round, as the engine runs it:
+A round (written once, in `dpfl.schemes.round.run_round`, which every driver calls):
 
 1. select the cohort; the server *broadcasts* the model (``Scheme.downstream_bytes``);
 2. every answering client trains locally (vectorized over the cohort) and produces its
@@ -22,6 +22,12 @@ A round, as the engine runs it:
 Everything is batched over the cohort: a step sees all k client rows at once. Steps
 keep their own state (momentum, error feedback, a Top-K set) and expose it through
 ``state_dict`` / ``load_state_dict`` so runs resume bit-identically.
+
+What a step declares (typed class attributes; drivers read these, never method overrides):
+``private`` (it adds privacy events: the run keeps a ledger), ``changes_local_training``
+(it returns a ``ClientPlan``), ``client_state`` (it keeps per-client state between rounds,
+which a deployed client keeps on its own node). A transport declares ``secure`` and
+``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats).
 """
 
 from __future__ import annotations
@@ -102,6 +108,11 @@ class Step:
     """One named stage of a scheme. Override what you need; defaults pass through."""
 
     name = "step"
+    private: bool = False  # adds privacy events (`privacy_events`): the run keeps a privacy ledger
+    changes_local_training: bool = False  # returns a ClientPlan from `local_training`
+    # keeps per-client state between rounds in `state_dict` (FedDyn's memory, Sub-FedAvg's masks):
+    # a deployed client keeps its own part on its node
+    client_state: bool = False
 
     def setup(self, ctx: SetupContext) -> None:
         """Called once before training (e.g. pick a Top-K set, select a clip bound)."""
@@ -154,7 +165,8 @@ class Transport:
     """Encodes each client's row into its wire payload, counts bytes, decodes for the server."""
 
     name = "transport"
-    secure = False  # True when the server only learns the sum
+    secure: bool = False  # True when the server only learns the sum
+    bits_per_value: int | None = None  # bits one value takes on the wire (last round sent); None: float32
 
     def setup(self, ctx: SetupContext) -> None:
         pass

@@ -40,6 +40,8 @@ class SubFedAvgStep(Step):
     """Per-client masks: masked start and training, magnitude pruning, intersection averaging."""
 
     name = "sub-fedavg"
+    changes_local_training = True
+    client_state = True  # a deployed client keeps its row on its node
 
     def __init__(self, sparsity: float, prune_rate: float, personal_eval: int = 500):
         self.sparsity, self.prune_rate, self.personal_eval = float(sparsity), float(prune_rate), int(personal_eval)

@@ -162,8 +162,8 @@ def test_gradient_ascent_colluders_send_one_update_from_the_union_of_their_data(
 
     cfg = tiny_config(rounds=1, attack={"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}})
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
-    cohort, _ = sim._cohort(1)
+    sim.setup()
+    cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
     ctx.malicious = sim.attack.select(ctx)
     u = sim.client_updates(ctx)
@@ -274,8 +274,8 @@ def test_an_overflowing_ascent_sends_its_last_finite_iterate_and_is_not_dropped(
     ga = {"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}}
     cfg = tiny_config(rounds=1, lr=1e18, attack=ga)
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
-    cohort, _ = sim._cohort(1)
+    sim.setup()
+    cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
     ctx.malicious = sim.attack.select(ctx)
     pool = np.concatenate([sim.fed.clients[c] for c in cohort[ctx.malicious]])
