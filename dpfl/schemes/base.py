@@ -113,6 +113,7 @@ class Step:
     # keeps per-client state between rounds in `state_dict` (FedDyn's memory, Sub-FedAvg's masks):
     # a deployed client keeps its own part on its node
     client_state: bool = False
+    deploy_note: str | None = None  # why this step cannot run over Flower yet (None: it can)
 
     def setup(self, ctx: SetupContext) -> None:
         """Called once before training (e.g. pick a Top-K set, select a clip bound)."""
@@ -167,12 +168,18 @@ class Transport:
     name = "transport"
     secure: bool = False  # True when the server only learns the sum
     bits_per_value: int | None = None  # bits one value takes on the wire (last round sent); None: float32
+    drop_after_masking: float = 0.0  # share of clients a secure sum simulates as failing (simulator only)
 
     def setup(self, ctx: SetupContext) -> None:
         pass
 
     def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
         raise NotImplementedError
+
+    def round_transport(self, k: int, d: int) -> Any:
+        """A secure transport's `SecAggTransport` for a round of k clients sending d values
+        (what a deployed round runs); None if this transport has none."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -41,6 +41,7 @@ class SubFedAvgStep(Step):
 
     name = "sub-fedavg"
     changes_local_training = True
+    deploy_note = "its server step needs every client's new mask, which the clients do not send"
     client_state = True  # a deployed client keeps its row on its node
 
     def __init__(self, sparsity: float, prune_rate: float, personal_eval: int = 500):

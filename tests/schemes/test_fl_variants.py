@@ -325,10 +325,12 @@ def test_bad_options_are_config_errors_naming_the_option(scheme, opts, name):
         _sim(scheme, **opts)
 
 
-def test_flower_deployment_refuses_per_client_local_training():
+def test_flower_deployment_refuses_the_schemes_that_declare_they_cannot_deploy():
     pytest.importorskip("flwr")
     from dpfl.flower.node import build_run_scheme
 
-    with pytest.raises(ConfigError, match="simulator"):
-        build_run_scheme(_cfg("feddyn"), 10)
-    assert build_run_scheme(_cfg("fedprox"), 10).name == "fedprox"
+    for name, why in (("fsvrg", "full gradient"), ("sub-fedavg", "new mask")):
+        with pytest.raises(ConfigError, match=f"(?s){why}.*simulator"):
+            build_run_scheme(_cfg(name), 10)
+    for name in ("fedprox", "feddyn"):  # FedDyn's clients keep their memory on their nodes
+        assert build_run_scheme(_cfg(name), 10).name == name
