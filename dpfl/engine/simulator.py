@@ -425,7 +425,7 @@ class Simulation:
     def sigmas(self) -> list[float | None]:
         """Each step's noise multiplier σ (None for steps without one), then train.dpsgd's σ if any."""
         extra = [] if self.record_sigma is None else [self.record_sigma]
-        return [getattr(s, "sigma", None) for s in self.scheme.steps] + extra
+        return [s.sigma for s in self.scheme.steps] + extra
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         self.setup()
@@ -587,7 +587,7 @@ class Simulation:
         """The σ of each step had the scheme been built for `rounds` rounds."""
         env = {**self._scheme_env(), "rounds": rounds}
         extra = [] if self.record_sigma is None else [self._record_sigma(rounds)]
-        return [getattr(s, "sigma", None) for s in build_scheme(self.cfg.scheme.name, dict(self.cfg.scheme.options),
+        return [s.sigma for s in build_scheme(self.cfg.scheme.name, dict(self.cfg.scheme.options),
                                                                 env).steps] + extra
 
 

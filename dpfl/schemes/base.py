@@ -24,9 +24,10 @@ keep their own state (momentum, error feedback, a Top-K set) and expose it throu
 ``state_dict`` / ``load_state_dict`` so runs resume bit-identically.
 
 What a step declares (typed class attributes; drivers read these, never method overrides):
-``private`` (it adds privacy events: the run keeps a ledger), ``changes_local_training``
-(it returns a ``ClientPlan``), ``client_state`` (it keeps per-client state between rounds,
-which a deployed client keeps on its own node). A transport declares ``secure`` and
+``private`` (it adds privacy events: the run keeps a ledger), ``sigma`` (its noise multiplier),
+``changes_local_training`` (it returns a ``ClientPlan``), ``client_state`` (it keeps per-client
+state between rounds, which a deployed client keeps on its own node), ``deploy_note`` (why it
+cannot run over Flower yet, if so). A transport declares ``secure`` and
 ``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats).
 """
 
@@ -114,6 +115,7 @@ class Step:
     # a deployed client keeps its own part on its node
     client_state: bool = False
     deploy_note: str | None = None  # why this step cannot run over Flower yet (None: it can)
+    sigma: float | None = None  # the noise multiplier σ of a noise step (checkpoints compare it on resume)
 
     def setup(self, ctx: SetupContext) -> None:
         """Called once before training (e.g. pick a Top-K set, select a clip bound)."""

@@ -96,8 +96,10 @@ def drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, Ro
     if bool(ok.all()):
         return u, ctx, 0
     keep = ok.cpu().numpy()
-    sub = {f: (None if getattr(ctx, f) is None else getattr(ctx, f)[keep]) for f in ("malicious", "omit_noise")}
-    return u[ok], replace(ctx, cohort=ctx.cohort[keep], weights=ctx.weights[ok], **sub), int((~keep).sum())
+    bad, omit = ctx.malicious, ctx.omit_noise
+    return u[ok], replace(ctx, cohort=ctx.cohort[keep], weights=ctx.weights[ok],
+                          malicious=None if bad is None else bad[keep],
+                          omit_noise=None if omit is None else omit[keep]), int((~keep).sum())
 
 
 # ---------------------------------------------------------------- the round
