@@ -121,7 +121,11 @@ def train_plain(content: RecordDict, state: RecordDict, node_config: Mapping, ru
     if not isinstance(transport, PlainTransport):
         raise ConfigError(f"transport {transport.name!r} is not a plain codec transport")
     payload = transport.codec.encode(u, ctx.numpy_rng("encode"))
-    return RecordDict({wire.PAYLOAD: wire.payload_record(payload), wire.REPLY: ConfigRecord({"d": int(u.shape[1])})})
+    reply = RecordDict({wire.PAYLOAD: wire.payload_record(payload), wire.REPLY: ConfigRecord({"d": int(u.shape[1])})})
+    report = c.report(ctx)
+    if report:
+        reply[wire.REPORT] = wire.report_record(report)
+    return reply
 
 
 def _phase_state(state: RecordDict, plan: wire.RoundPlan, expect: str) -> ConfigRecord:
@@ -158,6 +162,9 @@ def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_c
     if k != len(plan.cohort):
         raise ProtocolError(f"round {plan.round}: a secure sum over {len(plan.cohort)} clients must calibrate on k = "
                             f"{len(plan.cohort)}, the plan says {k}")
+    if c.report(ctx):
+        raise ConfigError(f"scheme {c.scheme.name!r} reports per-client values to the server, which a secure sum "
+                          "would hide; use the plain transport")
     sa = round_secagg(c.scheme.transport, k, d)
     words, bits = encode_words(sa, u, k, ctx.numpy_rng("secagg-round"), plan.index if c.node.seeded else None)
     rc = plan.round_config(d, bits)

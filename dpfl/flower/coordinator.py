@@ -199,14 +199,15 @@ class Coordinator:
                     for i, c in enumerate(cohort)}
         replies = self.send("train", contents)
         codec = self.scheme.transport.codec
-        payloads, dims, answered = [], set(), []
+        payloads, dims, answered, reports = [], set(), [], []
         for c in cohort:
             got = self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
-                            lambda m: (wire.read_payload(m), wire.read_shape(m, False)[0]))
+                            lambda m: (wire.read_payload(m), wire.read_shape(m, False)[0], wire.read_report(m)))
             answered.append(bool(got))
             if got:
                 payloads.append(got[0])
                 dims.add(got[1])
+                reports.append(got[2])
         if payloads and not all(answered):  # the aggregator's weights: the clients that answered
             keep = np.array(answered)
             ctx.cohort, ctx.weights = ctx.cohort[keep], ctx.weights[torch.from_numpy(keep).to(ctx.weights.device)]
@@ -214,10 +215,27 @@ class Coordinator:
             raise RoundAborted(f"round {ctx.round}: no client answered")
         if len(dims) != 1:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
+        self.hand_reports(ctx, reports)
         payload = wire.stack_payloads(payloads)
         rows = codec.decode(payload, dims.pop()).to(self.sim.device)
         return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
                         upstream_bytes=payload.per_client_nbytes())
+
+    def hand_reports(self, ctx: RoundContext, reports: list[dict[str, np.ndarray]]) -> None:
+        """The answering clients' step reports (`Step.client_report`), stacked in cohort order, to
+        their steps' `server_report`."""
+        names = set(reports[0])
+        if any(set(r) != names for r in reports):
+            raise ProtocolError(f"round {ctx.round}: clients reported different values {sorted(names)}")
+        for i, s in enumerate(self.scheme.steps):
+            mine = sorted(n for n in names if n.split("/", 1)[0] == str(i))
+            if mine:
+                try:
+                    stacked = {n.split("/", 1)[1]: torch.from_numpy(np.concatenate([r[n] for r in reports]))
+                               for n in mine}
+                except ValueError as e:
+                    raise ProtocolError(f"round {ctx.round}: clients' reports do not stack: {e}") from None
+                s.server_report(stacked, ctx)
 
     def secure(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
         r, k = ctx.round, len(cohort)

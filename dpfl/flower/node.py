@@ -301,6 +301,15 @@ class LocalClient:
                                "expected one row")
         return u, ctx
 
+    def report(self, ctx: RoundContext) -> dict[str, np.ndarray]:
+        """What the steps' server sides need beside this client's row (`Step.client_report`), as
+        flat named arrays with one leading row."""
+        out: dict[str, np.ndarray] = {}
+        for i, s in enumerate(self.scheme.steps):
+            for name, t in s.client_report(ctx).items():
+                out[f"{i}/{name}"] = t.detach().cpu().numpy()
+        return out
+
     def client_state(self) -> dict[str, np.ndarray]:
         """What this client keeps on its node between rounds: the state of the steps that declare
         `client_state` (FedDyn's gradient memory), as flat named arrays."""

@@ -27,7 +27,8 @@ What a step declares (typed class attributes; drivers read these, never method o
 ``private`` (it adds privacy events: the run keeps a ledger), ``sigma`` (its noise multiplier),
 ``changes_local_training`` (it returns a ``ClientPlan``), ``client_state`` (it keeps per-client
 state between rounds, which a deployed client keeps on its own node), ``deploy_note`` (why it
-cannot run over Flower yet, if so). A transport declares ``secure`` and
+cannot run over Flower yet, if so); what its server side needs from deployed clients goes
+through ``client_report`` / ``server_report``. A transport declares ``secure`` and
 ``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats).
 """
 
@@ -139,6 +140,15 @@ class Step:
     def downstream_bytes(self, ctx: RoundContext) -> int | None:
         """Bytes one client downloads this round, if this step decides it (else None)."""
         return None
+
+    def client_report(self, ctx: RoundContext) -> dict[str, torch.Tensor]:
+        """What a deployed client sends beside its row so that this step's server side can run
+        (Sub-FedAvg: its new mask), after `client`: name → rows [k, ...]. In process the step
+        already holds it; over Flower the coordinator hands the stacked reports to `server_report`."""
+        return {}
+
+    def server_report(self, report: dict[str, torch.Tensor], ctx: RoundContext) -> None:
+        """The answering clients' `client_report`s, stacked in cohort order (before `server`)."""
 
     def privacy_events(self, ctx: RoundContext) -> list[Any]:
         """Privacy events this round adds to the ledger (noise steps)."""

@@ -232,6 +232,7 @@ def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
 FLOWER_ONLY = {"flower_up_bytes", "flower_down_bytes"}
 SIMULATOR_ONLY = {"step_secagg_protocol_bytes", "step_secagg_dropped", "step_dp_clip_bound", "step_dp_clip_fraction",
                   "step_dp_noise_shares", "step_dp_share_std", "step_up_bits_per_value"}
+# (Sub-FedAvg's step_sparsity and personal accuracies are computed from the masks its clients report)
 
 SAME_ROUND = {
     "fl-std": {"name": "fl-std"},
@@ -239,6 +240,7 @@ SAME_ROUND = {
     "fl-cs-dp": {"name": "fl-cs-dp", "options": {"sigma": 0.8, "clip": 0.5, "ratio": 0.25, "chunks": 2}},
     "fl-top-dp": {"name": "fl-top-dp", "options": {"sigma": 0.8, "clip": 0.5, "ratio": 0.25}},
     "feddyn": {"name": "feddyn", "options": {"alpha": 0.1}},
+    "sub-fedavg": {"name": "sub-fedavg", "options": {"sparsity": 0.5, "prune_rate": 0.3, "personal_eval": 50}},
 }
 
 
@@ -260,7 +262,7 @@ def test_the_simulator_and_the_flower_loopback_run_the_same_round(name):
         keys, ref_keys = ({k for k in m if not k.endswith("seconds")} for m in (mine, ref))
         assert keys - ref_keys <= FLOWER_ONLY and ref_keys - keys <= SIMULATOR_ONLY
         assert "accuracy" in mine and 0 < mine["up_bytes"] < mine["flower_up_bytes"]  # + plan, record headers
-        assert ("epsilon" in mine) == (name != "fl-std" and name != "feddyn")
+        assert ("epsilon" in mine) == name.endswith("-dp")
 
 
 def test_an_aborted_round_is_the_same_round_in_the_simulator_and_over_flower():
