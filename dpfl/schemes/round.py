@@ -7,7 +7,8 @@ the Flower coordinator and its nodes, the attack harness and the clip-bound anal
          (private schemes keep non-finite rows: Clip zeroes them; others drop those clients)
       3. downstream bytes      what each selected client was sent
       4. client_chain          the scheme's client steps, in order (in-process clients only)
-      5. send(u, ctx)          driver: transport → Received (RoundAborted: nothing released)
+      5. send(u, ctx)          driver: transport → Received (RoundAborted, or a secure sum of
+                               fewer than 2 clients: nothing released)
       6. server_chain          aggregator, then the server steps in reverse → delta [n]
       7. ledger                the events, only for a round that released something
       8. metrics               the keys every driver reports
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ from dpfl.errors import BudgetExceededError, ConfigError
 from dpfl.schemes.base import ClientPlan, Received, RoundContext, Step
 from dpfl.schemes.dp import finite_rows
 from dpfl.secagg import RoundAborted
+
+if TYPE_CHECKING:
+    from dpfl.schemes.registry import Scheme
 
 # ---------------------------------------------------------------- the client side
 
@@ -44,7 +48,7 @@ def train_mask(steps: Sequence[Step], ctx: RoundContext) -> torch.Tensor | None:
     return mask
 
 
-def local_plan(scheme: Any, ctx: RoundContext) -> tuple[torch.Tensor | None, ClientPlan | None]:
+def local_plan(scheme: Scheme, ctx: RoundContext) -> tuple[torch.Tensor | None, ClientPlan | None]:
     """(mask, plan): the shared train mask folded with the per-client plan's mask (bool [n] or
     [k, n]), and the one `ClientPlan` of the round (at most one step may give one)."""
     mask, plan = train_mask(scheme.steps, ctx), None
@@ -63,7 +67,7 @@ def local_plan(scheme: Any, ctx: RoundContext) -> tuple[torch.Tensor | None, Cli
     return mask, plan
 
 
-def batch_plan(scheme: Any, local: Any, sizes: np.ndarray) -> tuple[int, int]:
+def batch_plan(scheme: Scheme, local: Any, sizes: np.ndarray) -> tuple[int, int]:
     """(steps, batch) of local training for clients of these data sizes: one batch of the
     largest client's data for full-batch schemes, else `local.steps` × `local.batch_size`."""
     if scheme.full_batch:
@@ -78,7 +82,7 @@ def client_chain(steps: Sequence[Step], u: torch.Tensor, ctx: RoundContext) -> t
     return u
 
 
-def server_chain(scheme: Any, rec: Received, ctx: RoundContext) -> torch.Tensor:
+def server_chain(scheme: Scheme, rec: Received, ctx: RoundContext) -> torch.Tensor:
     """The aggregator, then the server steps in reverse: the model delta [n]."""
     agg = scheme.aggregator(rec, ctx)
     for s in reversed(scheme.steps):
@@ -123,15 +127,12 @@ class RoundOutcome:
     received: Received | None = None
 
 
-TOTALS = ("up_bytes", "down_bytes", "formula_up_bytes", "formula_down_bytes")
-
-
 def empty_totals() -> dict[str, Any]:
     """The cumulative byte counters a driver keeps across rounds (and checkpoints)."""
     return {"up_bytes": 0, "down_bytes": 0, "formula_up_bytes": 0.0, "formula_down_bytes": 0.0}
 
 
-def round_events(scheme: Any, ctx: RoundContext, acc: Accounting) -> list[Any]:
+def round_events(scheme: Scheme, ctx: RoundContext, acc: Accounting) -> list[Any]:
     """The round's privacy events; BudgetExceededError if one would exceed the target."""
     events = []
     for s in scheme.steps:
@@ -147,7 +148,7 @@ def round_events(scheme: Any, ctx: RoundContext, acc: Accounting) -> list[Any]:
     return events
 
 
-def run_round(scheme: Any, ctx: RoundContext, acc: Accounting, *,
+def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
               train: Callable[[RoundContext], torch.Tensor | None],
               send: Callable[[torch.Tensor | None, RoundContext], Received],
               after_chain: Callable[[torch.Tensor, RoundContext], torch.Tensor] | None = None,
@@ -176,6 +177,9 @@ def run_round(scheme: Any, ctx: RoundContext, acc: Accounting, *,
                 u = client_chain(scheme.steps, u, ctx)
                 if after_chain is not None:
                     u = after_chain(u, ctx)
+            if scheme.transport.secure and len(ctx.cohort) < 2:  # a sum of one row is that row
+                raise RoundAborted(f"secure aggregation needs ≥ 2 clients, round {r} has {len(ctx.cohort)}: "
+                                   "nothing released")
             rec = send(u, ctx)
         except RoundAborted as e:
             aborted = str(e)

@@ -282,3 +282,17 @@ def test_an_aborted_round_is_the_same_round_in_the_simulator_and_over_flower():
     assert mine["epsilon"] == ref["epsilon"] == 0 and mine["up_bytes"] == ref["up_bytes"] == 0
     keys, ref_keys = ({k for k in m if not k.endswith("seconds")} for m in (mine, ref))
     assert keys - ref_keys <= FLOWER_ONLY and ref_keys - keys <= SIMULATOR_ONLY
+
+
+def test_a_secure_round_of_one_client_aborts_in_both_drivers():
+    """A secure sum of one row would release that row: the simulator and Flower both abort it
+    (over Flower the coordinator used to stop the run with a ConfigError)."""
+    require_row_contract()
+    data = config({"name": "fl-std-dp", "options": {"sigma": 0.8, "clip": 0.5}},
+                  federation={"rounds": 1, "clients_per_round": 1})
+    _, (ref,) = simulate(data)
+    co, _ = loopback(data)
+    co.run()
+    (mine,) = co.history
+    assert mine["aborted"] == ref["aborted"] and "≥ 2 clients" in ref["aborted"]
+    assert mine["epsilon"] == ref["epsilon"] == 0 and not co.sim.ledger.events
