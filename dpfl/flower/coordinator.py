@@ -216,10 +216,10 @@ class Coordinator:
         if len(dims) != 1:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
         self.hand_reports(ctx, reports)
-        payload = wire.stack_payloads(payloads)
-        rows = codec.decode(payload, dims.pop()).to(self.sim.device)
+        payload, d = wire.stack_payloads(payloads), dims.pop()
+        rows = codec.decode(payload, d).to(self.sim.device)
         return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
-                        upstream_bytes=payload.per_client_nbytes())
+                        upstream_bytes=payload.per_client_nbytes(), width=d)
 
     def hand_reports(self, ctx: RoundContext, reports: list[dict[str, np.ndarray]]) -> None:
         """The answering clients' step reports (`Step.client_report`), stacked in cohort order, to
@@ -324,7 +324,7 @@ class Coordinator:
         ctx.metrics["secagg_survivors"] = float(len(request.survivors))
         ctx.metrics["secagg_protocol_bytes"] = float(proto.mean())
         return Received(rows=None, total=decode_sum(sa, total, bits).to(self.sim.device),
-                        count=len(request.survivors), upstream_bytes=sent)
+                        count=len(request.survivors), upstream_bytes=sent, width=d)
 
     # ---- driving --------------------------------------------------------------------
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

@@ -172,6 +172,7 @@ class Received:
     total: torch.Tensor  # sum over clients [d] (float64 or int64 where exact)
     count: int  # number of contributions in `total`
     upstream_bytes: np.ndarray  # bytes each client sent, int64 [k]
+    width: int = 0  # values per client row as sent (d'); set where the clients ran the chain remotely
 
 
 class Transport:

@@ -188,7 +188,8 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
         delta = server_chain(scheme, rec, ctx)
         up = int(np.asarray(rec.upstream_bytes).sum())
         bits = scheme.transport.bits_per_value
-        formula_up = rec.total.shape[-1] * (32 if bits is None else bits) / 8
+        width = u.shape[1] if u is not None else rec.width  # values per row on the wire (d')
+        formula_up = width * (32 if bits is None else bits) / 8
     if acc.ledger is not None and aborted is None:
         for e in events:
             acc.ledger.add(e)
