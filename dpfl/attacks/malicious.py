@@ -30,6 +30,7 @@ from dpfl.attacks.base import Attack
 from dpfl.compression.bits import random_sign
 from dpfl.errors import ConfigError
 from dpfl.schemes.base import RoundContext
+from dpfl.schemes.round import batch_plan, train_mask
 from dpfl.schemes.sampling import local_positions
 
 
@@ -153,16 +154,6 @@ class SignInversion(Malicious):
         u[bad] = -u[bad]
 
 
-def train_mask(sim: Any, ctx: RoundContext) -> torch.Tensor | None:
-    """The scheme's local-training mask for this round (as the simulator combines it)."""
-    mask = None
-    for s in sim.scheme.steps:
-        m = s.train_mask(ctx)
-        if m is not None:
-            mask = m if mask is None else (mask & m)
-    return mask
-
-
 class Colluding(Malicious):
     """Malicious clients pool their data and all send one update computed on the union
     (descent, or ascent when ``direction = -1``) with labels from `labels`."""
@@ -181,15 +172,12 @@ class Colluding(Malicious):
         if bad is None or not bad.any():
             return honest_updates
         pool = np.concatenate([self.attacker_indices(sim, int(c)) for c in ctx.cohort[bad]])
-        if sim.scheme.full_batch:
-            steps, batch = 1, len(pool)
-        else:
-            steps, batch = sim.local.steps, sim.local.batch_size
+        steps, batch = batch_plan(sim.scheme, sim.local, np.array([len(pool)]))
         pos = local_positions(np.array([len(pool)]), steps, batch, ctx.numpy_rng("attack", "batches"))[0]
         batches = torch.from_numpy(pool[pos][None]).to(sim.device)
         torch.manual_seed(ctx.seeds.seed("round", ctx.round, "attack", "torch"))  # dropout layers
         sign = torch.full((1,), self.direction, device=sim.device)
-        mask, y = train_mask(sim, ctx), self.labels(sim)
+        mask, y = train_mask(sim.scheme.steps, ctx), self.labels(sim)
         row = sim.trainer.train(sim.w, sim.fed.x, y, batches, mask, sign)
         if not bool(torch.isfinite(row).all()):  # the ascent overflowed: send the last finite iterate
             row = self._last_finite(sim, y, batches, mask, sign)

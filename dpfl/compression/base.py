@@ -39,6 +39,7 @@ class Codec:
     """Encodes a batch of rows [k, d] into a Payload and decodes it back."""
 
     name = "codec"
+    bits_per_value: int = 32  # bits one value takes in the payload
 
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
         raise NotImplementedError

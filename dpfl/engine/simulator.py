@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,9 @@ from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext
-from dpfl.schemes.dp import finite_rows
 from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.schemes.round import Accounting, batch_plan, empty_totals, local_plan, run_round
 from dpfl.schemes.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
-from dpfl.secagg import RoundAborted
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -182,7 +181,7 @@ class Simulation:
         self.record = None  # per-client record-level accountant (train.dpsgd)
         self.record_sigma = self._record_sigma(cfg.federation.rounds)
         self.round = 0
-        self.cum = {"up_bytes": 0, "down_bytes": 0, "formula_up_bytes": 0.0, "formula_down_bytes": 0.0}
+        self.cum = empty_totals()
         self.best: dict[str, Any] | None = None
         self.stopped_reason: str | None = None
         self._setup_done = False
@@ -196,7 +195,8 @@ class Simulation:
                 "sampling_rate": self.cfg.sampling_rate(), "rounds": self.cfg.federation.rounds,
                 "dropout": self.cfg.federation.dropout, "sampling": self.cfg.accounted_sampling()}
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Set the scheme up and create the ledger (once; every driver calls it before round 1)."""
         if self._setup_done:
             return
         self._setup_done = True
@@ -213,7 +213,7 @@ class Simulation:
         self.scheme.setup(ctx)
 
     def _make_ledger(self):
-        if not any(type(s).privacy_events is not _base_privacy_events for s in self.scheme.steps):
+        if not self.scheme.private:
             return None
         from dpfl.privacy import Budget, Ledger
 
@@ -260,7 +260,7 @@ class Simulation:
 
         seen = np.zeros(self.cfg.data.n_clients, dtype=np.int64)
         for r in range(1, rounds + 1):
-            answering, dropped = self._cohort(r)
+            answering, dropped = self.select(r)
             seen[answering] += 1
             seen[dropped] += 1
         q = float(np.minimum(1.0, self.local.batch_size / self.fed.sizes[seen > 0]).max())
@@ -291,7 +291,8 @@ class Simulation:
             raise BudgetExceededError(f"round {r} would exceed train.dpsgd.target_epsilon = {dp.target_epsilon} "
                                       f"(record-level; client {c} would reach {eps.max():.4g})")
 
-    def _record_metrics(self, trained: np.ndarray) -> dict[str, Any]:
+    def record_metrics(self, trained: np.ndarray) -> dict[str, Any]:
+        """Record-level DP-SGD metrics after a round in which `trained` clients trained."""
         delta = self.cfg.train.dpsgd.delta
         spent = self.record.spent()
         eps = self.record.epsilon(spent, delta)
@@ -302,7 +303,8 @@ class Simulation:
                 "record_epsilon_per_client": {str(int(c)): float(e) for c, e in zip(trained, own)}}
 
     # ---- one round ----------------------------------------------------------------
-    def _cohort(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+    def select(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Round r's (answering, dropped) clients, drawn from the run's seed."""
         cfg = self.cfg
         n = cfg.data.n_clients
         if self.scheme.all_clients:
@@ -313,12 +315,10 @@ class Simulation:
             cohort = select_fixed(n, cfg.cohort_size(), self.seeds.numpy("round", r, "select"))
         return drop(cohort, cfg.federation.dropout, self.seeds.numpy("round", r, "dropout"))
 
-    def _batches(self, r: int, cohort: np.ndarray) -> torch.Tensor:
+    def batches(self, r: int, cohort: np.ndarray) -> torch.Tensor:
+        """Round r's local batches of `cohort`: rows of the training data, int64 [k, T, B]."""
         sizes = self.fed.sizes[cohort]
-        if self.scheme.full_batch:
-            steps, batch = 1, int(sizes.max())
-        else:
-            steps, batch = self.local.steps, self.local.batch_size
+        steps, batch = batch_plan(self.scheme, self.local, sizes)
         pos = local_positions(sizes, steps, batch, self.seeds.numpy("round", r, "batches"))
         idx = np.stack([self.fed.clients[c][p] for c, p in zip(cohort, pos)])
         return torch.from_numpy(idx).to(self.device)
@@ -332,21 +332,9 @@ class Simulation:
 
     def client_updates(self, ctx: RoundContext) -> torch.Tensor:
         """Local training of the answering cohort: Δw [k, n] (hook point for attacks)."""
-        mask, plan = None, None
-        for s in self.scheme.steps:
-            m = s.train_mask(ctx)
-            if m is not None:
-                mask = m if mask is None else (mask & m)
-            p = s.local_training(ctx)
-            if p is not None:
-                if plan is not None:
-                    raise ConfigError(f"scheme {self.scheme.name}: more than one step changes per-client "
-                                      "local training (Step.local_training); at most one may")
-                plan = p
+        mask, plan = local_plan(self.scheme, ctx)
         w, hook = self.w, None
         if plan is not None:
-            if plan.mask is not None:
-                mask = plan.mask if mask is None else (mask & plan.mask)
             w = self.w if plan.start is None else plan.start
             hook = plan.grad_hook
         dp = None
@@ -357,7 +345,7 @@ class Simulation:
             batches, dp, _ = self._dp_round(ctx.round, ctx.cohort)
         else:
             batches = plan.batches if plan is not None and plan.batches is not None else \
-                self._batches(ctx.round, ctx.cohort)
+                self.batches(ctx.round, ctx.cohort)
         torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
         train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
         u = train(w, self.fed.x, self.fed.y, batches, mask, grad_hook=hook, dp=dp)
@@ -365,95 +353,43 @@ class Simulation:
             u = self.attack.tamper(self.attack.train(self, ctx, u), ctx)
         return u
 
+    def accounting(self) -> Accounting:
+        p = self.cfg.privacy
+        return Accounting(self.ledger, p.target_epsilon, p.delta, self.epsilon_sampling())
+
     def step_round(self) -> dict[str, Any]:
-        self._setup()
+        self.setup()
         r = self.round + 1
         t0 = time.perf_counter()
-        cohort, dropped = self._cohort(r)
-        n_selected = len(cohort) + len(dropped)
-        ctx = self.context(r, cohort, n_selected)
+        cohort, dropped = self.select(r)
+        ctx = self.context(r, cohort, len(cohort) + len(dropped))
         if self.attack is not None:
             ctx.malicious = self.attack.select(ctx)
-        events = [e for s in self.scheme.steps for e in s.privacy_events(ctx)]
-        if self.ledger is not None and events:
-            for e in events:
-                if self.ledger.would_exceed(e):
-                    raise BudgetExceededError(f"round {r} would exceed privacy.target_epsilon = "
-                                              f"{self.cfg.privacy.target_epsilon}")
-        self._check_record_budget(r, cohort)
         trained = cohort[:0]
-        up = 0
-        aborted = None
-        diverged, t_train = 0, 0.0
-        if len(cohort):
+        extra = {"train_seconds": 0.0}
+
+        def train(ctx: RoundContext) -> torch.Tensor:
+            nonlocal trained
+            self._check_record_budget(r, ctx.cohort)
             u = self.client_updates(ctx)
-            t_train = time.perf_counter() - t0
+            extra["train_seconds"] = round(time.perf_counter() - t0, 4)
             if self.record is not None:  # they trained: their records are spent whatever happens next
-                trained = cohort
-                q = np.minimum(1.0, self.local.batch_size / self.fed.sizes[cohort].astype(np.float64))
-                self.record.add(cohort, q, self.local.steps)
-            d_full = u.shape[1]
-            if self.ledger is None:  # private schemes' Clip zeroes such rows, keeping the noise shares
-                u, ctx, diverged = _drop_nonfinite(u, ctx)
-                cohort = ctx.cohort
-                if not len(cohort):
-                    aborted = f"all {diverged} answering clients sent non-finite updates"
-        down_one = self.scheme.downstream_bytes(ctx)  # after local training: what the clients were sent
-        down = down_one * n_selected
-        if len(cohort):
-            try:
-                for s in self.scheme.steps:
-                    u = s.client(u, ctx)
-                if self.attack is not None:
-                    u = self.attack.after_chain(u, ctx)
-                rec = self.scheme.transport.transmit(u, ctx)
-            except RoundAborted as e:  # nothing released: no model update, no privacy event
-                aborted = str(e)
-        if len(cohort) and aborted is None:
-            agg = self.scheme.aggregator(rec, ctx)
-            for s in reversed(self.scheme.steps):
-                agg = s.server(agg, ctx)
-            if agg.shape != (d_full,):
-                raise RuntimeError(f"scheme {self.scheme.name} produced a server update of shape "
-                                   f"{tuple(agg.shape)}, expected ({d_full},)")
-            self.w = self.w + agg.to(self.w.dtype)
-            up = int(np.asarray(rec.upstream_bytes).sum())
-            bits = getattr(self.scheme.transport, "bits_per_value", None)
-            bits = bits if bits is not None else getattr(getattr(self.scheme.transport, "codec", None),
-                                                         "bits_per_value", 32)
-            formula_up = u.shape[1] * bits / 8
-        else:
-            formula_up = 0.0
-        if self.ledger is not None and aborted is None:
-            for e in events:
-                self.ledger.add(e)
+                trained = ctx.cohort
+                q = np.minimum(1.0, self.local.batch_size / self.fed.sizes[trained].astype(np.float64))
+                self.record.add(trained, q, self.local.steps)
+            return u
+
+        out = run_round(self.scheme, ctx, self.accounting(), train=train,
+                        send=lambda u, ctx: self.scheme.transport.transmit(u, ctx),
+                        after_chain=None if self.attack is None else self.attack.after_chain,
+                        totals=self.cum, n_clients=self.cfg.data.n_clients, sampling_rate=self.cfg.sampling_rate(),
+                        extra=extra)
+        if out.delta is not None:
+            self.w = self.w + out.delta.to(self.w.dtype)
         self.round = r
-        n = self.cfg.data.n_clients
-        c = self.cfg.sampling_rate()
-        self.cum["up_bytes"] += up
-        self.cum["down_bytes"] += down
-        self.cum["formula_up_bytes"] += c * formula_up
-        self.cum["formula_down_bytes"] += c * down_one
-        rec_m: dict[str, Any] = {
-            "round": r, "selected": n_selected, "answered": len(cohort),
-            "up_bytes": up, "down_bytes": down,
-            # per client of the federation, cumulative: comparable with the thesis cost formula
-            "cum_up_bytes_per_client": self.cum["up_bytes"] / n,
-            "cum_down_bytes_per_client": self.cum["down_bytes"] / n,
-            "formula_up_bytes_per_client": self.cum["formula_up_bytes"],
-            "formula_down_bytes_per_client": self.cum["formula_down_bytes"],
-            "train_seconds": round(t_train, 4),
-        }
-        if diverged:
-            rec_m["diverged"] = diverged
-        if aborted is not None:
-            rec_m["aborted"] = aborted
-        rec_m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
-        if self.ledger is not None:
-            rec_m["epsilon"] = self.ledger.epsilon(self.cfg.privacy.delta)
-            rec_m["epsilon_sampling"] = self.epsilon_sampling()
+        rec_m = out.metrics
         if self.record is not None:
-            rec_m.update(self._record_metrics(trained))
+            rec_m.update(self.record_metrics(trained))
         if r % self.cfg.eval.every == 0 or r == self.cfg.federation.rounds:
             t1 = time.perf_counter()
             self.flat.load_into(self.model, self.w)
@@ -489,10 +425,10 @@ class Simulation:
     def sigmas(self) -> list[float | None]:
         """Each step's noise multiplier σ (None for steps without one), then train.dpsgd's σ if any."""
         extra = [] if self.record_sigma is None else [self.record_sigma]
-        return [getattr(s, "sigma", None) for s in self.scheme.steps] + extra
+        return [s.sigma for s in self.scheme.steps] + extra
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        self._setup()
+        self.setup()
         if self.out:
             self.out.mkdir(parents=True, exist_ok=True)
             if self._fresh:
@@ -569,7 +505,7 @@ class Simulation:
 
     def load_state_dict(self, st: dict[str, Any], source: str = "checkpoint") -> None:
         """Restore from `state_dict()` output; DataError naming `source` if it does not fit this run."""
-        self._setup()
+        self.setup()
         w = st.get("w")
         if not isinstance(st.get("round"), int) or isinstance(st.get("round"), bool) or st["round"] < 0:
             raise DataError(f"{source}: 'round' must be an integer >= 0, got {st.get('round')!r}")
@@ -651,7 +587,7 @@ class Simulation:
         """The σ of each step had the scheme been built for `rounds` rounds."""
         env = {**self._scheme_env(), "rounds": rounds}
         extra = [] if self.record_sigma is None else [self._record_sigma(rounds)]
-        return [getattr(s, "sigma", None) for s in build_scheme(self.cfg.scheme.name, dict(self.cfg.scheme.options),
+        return [s.sigma for s in build_scheme(self.cfg.scheme.name, dict(self.cfg.scheme.options),
                                                                 env).steps] + extra
 
 
@@ -682,18 +618,6 @@ def _read_metrics(path: Path) -> list[tuple[str, int]]:
     return out
 
 
-def _drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, RoundContext, int]:
-    """A client whose update holds NaN or ±inf (diverged local training, or a malformed message)
-    is treated as failed before upload: its row leaves the round, the rest go on."""
-    ok = finite_rows(u)
-    if bool(ok.all()):
-        return u, ctx, 0
-    keep = ok.cpu().numpy()
-    sub = {f: (None if getattr(ctx, f) is None else getattr(ctx, f)[keep])
-           for f in ("malicious", "omit_noise")}
-    return u[ok], replace(ctx, cohort=ctx.cohort[keep], weights=ctx.weights[ok], **sub), int((~keep).sum())
-
-
 def machine(device: torch.device) -> dict[str, Any]:
     """Where a run finished: what a reader needs to compare its wall times."""
     cpu = ""
@@ -709,8 +633,4 @@ def machine(device: torch.device) -> dict[str, Any]:
     return out
 
 
-from dpfl.schemes.base import Step as _Step
-
 _DP_GRAD_VALUES = 2**28  # per-example gradient values held at once by record-level DP-SGD (1 GiB float32)
-
-_base_privacy_events = _Step.privacy_events

@@ -44,6 +44,7 @@ NODE = "dpfl_node"  # context.state: the node secret and the last round it took 
 STATE = "dpfl_secagg"  # context.state: the current secure-sum round
 WORDS = "dpfl_words"  # context.state: this round's encoded row
 RECORD = "dpfl_record"  # context.state: local DP-SGD steps taken, per sampling rate (train.dpsgd)
+CLIENT_STATE = "dpfl_client_state"  # context.state: the scheme's per-client state (FedDyn's memory)
 
 
 def run_config_text(run_config: Mapping[str, Any]) -> str:
@@ -66,7 +67,8 @@ def parse_run_config(text: str):
 
 def local_client(node_config: Mapping[str, Any], run_config: Mapping[str, Any]):
     """This node's `node.LocalClient`, built afresh for every message as a deployed ClientApp
-    process is: client steps keep no state between rounds (the server holds the scheme's state)."""
+    process is: what a step keeps per client between rounds (`Step.client_state`) is kept in the
+    node's state (`CLIENT_STATE`); the server holds the rest of the scheme's state."""
     from dpfl.flower.node import LocalClient, NodeSettings
 
     cfg = parse_run_config(run_config_text(run_config))
@@ -103,17 +105,27 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
         steps, eps = record_spend(c.cfg, steps, min(1.0, plan.batch / c.size), plan.steps)
         state[RECORD] = ConfigRecord({repr(q): s for q, s in steps.items()})
         log.info("client %d: record-level ε = %.4g after round %d", c.cid, eps, plan.round)
+    if c.scheme.client_state and CLIENT_STATE in state:
+        c.load_client_state({k: a.numpy() for k, a in state[CLIENT_STATE].items()})
     u, ctx = c.update(plan, w)
+    if c.scheme.client_state:
+        state[CLIENT_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in c.client_state().items()})
     return c, plan, u, ctx
 
 
 def train_plain(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    from dpfl.schemes.transport import PlainTransport
+
     c, _, u, ctx = _train(content, state, node_config, run_config)
     transport = c.scheme.transport
-    if transport.secure or not hasattr(transport, "codec"):
+    if not isinstance(transport, PlainTransport):
         raise ConfigError(f"transport {transport.name!r} is not a plain codec transport")
     payload = transport.codec.encode(u, ctx.numpy_rng("encode"))
-    return RecordDict({wire.PAYLOAD: wire.payload_record(payload), wire.REPLY: ConfigRecord({"d": int(u.shape[1])})})
+    reply = RecordDict({wire.PAYLOAD: wire.payload_record(payload), wire.REPLY: ConfigRecord({"d": int(u.shape[1])})})
+    report = c.report(ctx)
+    if report:
+        reply[wire.REPORT] = wire.report_record(report)
+    return reply
 
 
 def _phase_state(state: RecordDict, plan: wire.RoundPlan, expect: str) -> ConfigRecord:
@@ -150,8 +162,11 @@ def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_c
     if k != len(plan.cohort):
         raise ProtocolError(f"round {plan.round}: a secure sum over {len(plan.cohort)} clients must calibrate on k = "
                             f"{len(plan.cohort)}, the plan says {k}")
+    if c.report(ctx):
+        raise ConfigError(f"scheme {c.scheme.name!r} reports per-client values to the server, which a secure sum "
+                          "would hide; use the plain transport")
     sa = round_secagg(c.scheme.transport, k, d)
-    words, bits = encode_words(sa, u, k, ctx.numpy_rng("secagg-round"))
+    words, bits = encode_words(sa, u, k, ctx.numpy_rng("secagg-round"), plan.index if c.node.seeded else None)
     rc = plan.round_config(d, bits)
     check_round_config(sa, rc)
     keys = wire.read_keys(content["keys"])

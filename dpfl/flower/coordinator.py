@@ -1,20 +1,22 @@
-"""The server side of a deployed run: the simulator's round, with the clients reached by messages.
+"""The server side of a deployed run: the scheme's round (`dpfl.schemes.round.run_round`), with
+the client work done remotely.
 
 `Coordinator` builds a `Simulation` for the model, scheme, selection, ledger and evaluation and
-runs its round with the client work done remotely:
+drives the same round as the simulator, with `send` reaching the clients by messages:
 
-    selection (the simulator's) → privacy events and budget check (as the simulator)
-    → plain:  "train" → each client's codec payload → codec.decode → Received(rows)
-      secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask" → "train.sa_unmask"
-              → `secagg.protocol.Server.finish` → Received(sum); the round's public keys were
-              advertised in the hello, so a round costs three exchanges
-    → the scheme's aggregator → server chain (reversed) → w ← w + Δ → ledger, metrics, evaluation.
+    selection (the simulator's) → run_round: privacy events and budget check
+    → send, plain:  "train" → each client's codec payload → codec.decode → Received(rows)
+            secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask" → "train.sa_unmask"
+                    → `secagg.protocol.Server.finish` → Received(sum); the round's public keys were
+                    advertised in the hello, so a round costs three exchanges
+    → the scheme's aggregator → server chain (reversed) → ledger, metrics; then w ← w + Δ, evaluation.
 
 It talks to clients through an `Exchange` (send one content per node, collect the replies);
 `dpfl.flower.server` gives it Flower's Grid, `dpfl.flower.loopback` an in-process one.
 A round whose secure sum cannot complete (too few clients at some phase, or shares that cannot be
 corrected and verified: `RoundAborted`) releases nothing: the model stays as it was and no
-privacy event is recorded. A client's malformed reply only drops that client (docs/threat-model.md).
+privacy event is recorded (the rule of `run_round`, the same in the simulator). A client's
+malformed reply only drops that client (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import wire
 from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg
 from dpfl.schemes.base import Received, RoundContext
+from dpfl.schemes.round import batch_plan, empty_totals, run_round
 from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
 from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server
@@ -71,9 +74,9 @@ class Coordinator:
         self.sim = Simulation(cfg, None, log)
         if not reproducible:  # selection, server-side ties and central noise from the OS
             self.sim.seeds = OsSeeds()
-        self.sim._setup()
+        self.sim.setup()
         self.scheme = self.sim.scheme
-        if getattr(self.scheme.transport, "drop_after_masking", 0.0):
+        if self.scheme.transport.drop_after_masking:
             log("note: drop_after_masking simulates failures; over Flower only real failures happen")
         self.nodes = list(nodes)
         self.node_of: dict[int, int] = {}
@@ -81,6 +84,7 @@ class Coordinator:
         self.round_keys: dict[int, list[tuple[bytes, bytes]]] = {}  # client → (enc, mask) public keys per round
         self.history: list[dict[str, Any]] = []
         self.bytes = {"up": 0, "down": 0}  # serialized message bytes of the current round
+        self.cum = empty_totals()  # bytes over the run, as the simulator counts them
 
     # ---- setup ----------------------------------------------------------------------
     def hello(self) -> None:
@@ -119,10 +123,7 @@ class Coordinator:
 
     def plan(self, ctx: RoundContext, cohort: np.ndarray, index: int, secagg: dict | None = None) -> ConfigRecord:
         sizes = self.sizes[cohort]
-        if self.scheme.full_batch:
-            steps, batch = 1, int(sizes.max())
-        else:
-            steps, batch = self.sim.local.steps, self.sim.local.batch_size
+        steps, batch = batch_plan(self.scheme, self.sim.local, sizes)
         return wire.RoundPlan(round=ctx.round, cohort=[int(c) for c in cohort], sizes=[int(s) for s in sizes],
                               index=index, answering=len(cohort), n_selected=ctx.n_selected, steps=steps,
                               batch=batch, describe=self.scheme.describe(), secagg=secagg or {}).to_record()
@@ -131,50 +132,33 @@ class Coordinator:
         sim, cfg = self.sim, self.cfg
         r = sim.round + 1
         t0 = time.perf_counter()
-        cohort, dropped = sim._cohort(r)
-        n_selected = len(cohort) + len(dropped)
-        ctx = self.context(r, cohort, n_selected)
-        events = [e for s in self.scheme.steps for e in s.privacy_events(ctx)]
-        if sim.ledger is not None:
-            for e in events:
-                if sim.ledger.would_exceed(e):
-                    raise BudgetExceededError(f"round {r} would exceed privacy.target_epsilon = "
-                                              f"{cfg.privacy.target_epsilon}")
-        m: dict[str, Any] = {"round": r, "selected": n_selected}
+        cohort, dropped = sim.select(r)
+        ctx = self.context(r, cohort, len(cohort) + len(dropped))
         self.bytes = {"up": 0, "down": 0}
-        released = False
-        if len(cohort) and sim.record is not None:  # the server's view: every client asked to train spent
-            q = np.minimum(1.0, sim.local.batch_size / self.sizes[cohort].astype(np.float64))
-            sim.record.add(cohort, q, sim.local.steps)  # (each client also enforces its own budget)
-        if len(cohort):
+        extra = {"flower_up_bytes": 0, "flower_down_bytes": 0}
+
+        def train(ctx: RoundContext) -> None:  # the clients train on their nodes, within `send`
+            if sim.record is not None:  # the server's view: every client asked to train spent
+                q = np.minimum(1.0, sim.local.batch_size / self.sizes[ctx.cohort].astype(np.float64))
+                sim.record.add(ctx.cohort, q, sim.local.steps)  # (each client also enforces its own budget)
+
+        def send(u: None, ctx: RoundContext) -> Received:
             try:
-                rec = self.secure(ctx, cohort) if self.scheme.transport.secure else self.plain(ctx, cohort)
-            except RoundAborted as e:
-                self.log(f"round {r}: {e}; nothing released, the model is unchanged")
-                m["aborted"] = str(e)
-            else:
-                agg = self.scheme.aggregator(rec, ctx)
-                for s in reversed(self.scheme.steps):
-                    agg = s.server(agg, ctx)
-                if agg.shape != (sim.flat.n,):
-                    raise RuntimeError(f"scheme {self.scheme.name} produced a server update of shape "
-                                       f"{tuple(agg.shape)}, expected ({sim.flat.n},)")
-                sim.w = sim.w + agg.to(sim.w.dtype)
-                released = True
-                m["answered"] = int(rec.count)
-                m["up_bytes"] = int(np.asarray(rec.upstream_bytes).sum())
-        if sim.ledger is not None and (released or not len(cohort)):  # as the simulator; an aborted
-            for e in events:  # round released nothing and costs nothing
-                sim.ledger.add(e)
+                return self.secure(ctx, ctx.cohort) if self.scheme.transport.secure else self.plain(ctx, ctx.cohort)
+            finally:
+                extra["flower_up_bytes"], extra["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
+
+        out = run_round(self.scheme, ctx, sim.accounting(), train=train, send=send, totals=self.cum,
+                        n_clients=cfg.data.n_clients, sampling_rate=cfg.sampling_rate(), extra=extra)
+        m = out.metrics
+        if out.delta is not None:
+            sim.w = sim.w + out.delta.to(sim.w.dtype)
+            m["answered"] = int(out.received.count)  # over Flower: the clients whose rows are in the sum
+        elif "aborted" in m:
+            self.log(f"round {r}: {m['aborted']}; nothing released, the model is unchanged")
         sim.round = r
-        m["down_bytes"] = self.scheme.downstream_bytes(ctx) * n_selected
-        m["flower_up_bytes"], m["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
-        m.update({f"step_{k}": v for k, v in ctx.metrics.items()})
-        if sim.ledger is not None:
-            m["epsilon"] = sim.ledger.epsilon(cfg.privacy.delta)
-            m["epsilon_sampling"] = sim.epsilon_sampling()
         if sim.record is not None:
-            m.update(sim._record_metrics(cohort))
+            m.update(sim.record_metrics(cohort))
         if r % cfg.eval.every == 0 or r == cfg.federation.rounds:
             sim.flat.load_into(sim.model, sim.w)
             m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
@@ -215,14 +199,15 @@ class Coordinator:
                     for i, c in enumerate(cohort)}
         replies = self.send("train", contents)
         codec = self.scheme.transport.codec
-        payloads, dims, answered = [], set(), []
+        payloads, dims, answered, reports = [], set(), [], []
         for c in cohort:
             got = self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
-                            lambda m: (wire.read_payload(m), wire.read_shape(m, False)[0]))
+                            lambda m: (wire.read_payload(m), wire.read_shape(m, False)[0], wire.read_report(m)))
             answered.append(bool(got))
             if got:
                 payloads.append(got[0])
                 dims.add(got[1])
+                reports.append(got[2])
         if payloads and not all(answered):  # the aggregator's weights: the clients that answered
             keep = np.array(answered)
             ctx.cohort, ctx.weights = ctx.cohort[keep], ctx.weights[torch.from_numpy(keep).to(ctx.weights.device)]
@@ -230,10 +215,27 @@ class Coordinator:
             raise RoundAborted(f"round {ctx.round}: no client answered")
         if len(dims) != 1:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
-        payload = wire.stack_payloads(payloads)
-        rows = codec.decode(payload, dims.pop()).to(self.sim.device)
+        self.hand_reports(ctx, reports)
+        payload, d = wire.stack_payloads(payloads), dims.pop()
+        rows = codec.decode(payload, d).to(self.sim.device)
         return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
-                        upstream_bytes=payload.per_client_nbytes())
+                        upstream_bytes=payload.per_client_nbytes(), width=d)
+
+    def hand_reports(self, ctx: RoundContext, reports: list[dict[str, np.ndarray]]) -> None:
+        """The answering clients' step reports (`Step.client_report`), stacked in cohort order, to
+        their steps' `server_report`."""
+        names = set(reports[0])
+        if any(set(r) != names for r in reports):
+            raise ProtocolError(f"round {ctx.round}: clients reported different values {sorted(names)}")
+        for i, s in enumerate(self.scheme.steps):
+            mine = sorted(n for n in names if n.split("/", 1)[0] == str(i))
+            if mine:
+                try:
+                    stacked = {n.split("/", 1)[1]: torch.from_numpy(np.concatenate([r[n] for r in reports]))
+                               for n in mine}
+                except ValueError as e:
+                    raise ProtocolError(f"round {ctx.round}: clients' reports do not stack: {e}") from None
+                s.server_report(stacked, ctx)
 
     def secure(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
         r, k = ctx.round, len(cohort)
@@ -279,6 +281,7 @@ class Coordinator:
         if sa.round_bits(k) != bits:
             raise RoundAborted(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
         sec.update(bits=bits, d=d)
+        transport.bits_per_value = bits  # the round's width on the wire (as SecureSum.transmit records it)
         server = Server(RoundConfig(r, k, d, bits, shape.neighbours, shape.threshold, shape.min_survivors),
                         workers=default_workers())
         proto = np.array([adv[i].wire_nbytes if i in adv else 0 for i in range(k)], dtype=np.int64)  # sent with the hello
@@ -321,7 +324,7 @@ class Coordinator:
         ctx.metrics["secagg_survivors"] = float(len(request.survivors))
         ctx.metrics["secagg_protocol_bytes"] = float(proto.mean())
         return Received(rows=None, total=decode_sum(sa, total, bits).to(self.sim.device),
-                        count=len(request.survivors), upstream_bytes=sent)
+                        count=len(request.survivors), upstream_bytes=sent, width=d)
 
     # ---- driving --------------------------------------------------------------------
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

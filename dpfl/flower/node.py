@@ -27,8 +27,9 @@ from dpfl.config import RunConfig
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.rng import CryptoRNG, Seeds, derive_key
-from dpfl.schemes.base import RoundContext, SetupContext, Step, Transport
+from dpfl.schemes.base import RoundContext, SetupContext, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.schemes.round import client_chain, local_plan
 from dpfl.schemes.sampling import local_positions, poisson_positions
 from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
@@ -62,10 +63,10 @@ def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
         from dpfl.schemes.aggregators import build_aggregator
 
         scheme.aggregator = build_aggregator(cfg.scheme.aggregator, dict(cfg.scheme.aggregator_options), env)
-    if any(type(s).local_training is not Step.local_training for s in scheme.steps):
-        raise ConfigError(f"scheme {cfg.scheme.name!r} changes local training per client (client state, "
-                          "personal masks or extra round trips: FedDyn, FSVRG, Sub-FedAvg); the Flower "
-                          "deployment does not support that yet, run it with the simulator")
+    notes = [f"{s.name}: {s.deploy_note}" for s in scheme.steps if s.deploy_note]
+    if notes:
+        raise ConfigError(f"scheme {cfg.scheme.name!r} cannot run over Flower yet ({'; '.join(notes)}); "
+                          "run it with the simulator")
     return scheme
 
 
@@ -73,18 +74,23 @@ def round_secagg(transport: Transport, k: int, d: int) -> SecAggTransport:
     """The secure-aggregation transport of a round with k clients sending d values."""
     if isinstance(transport, SecAggTransport):
         return transport
-    per_round = getattr(transport, "round_transport", None)
-    if per_round is None:
+    sa = transport.round_transport(k, d)
+    if sa is None:
         raise ConfigError(f"secure transport {transport.name!r} cannot run over Flower; supported: "
                           "SecAggTransport and transports with round_transport(k, d) (SecureSum)")
-    return per_round(k, d)
+    return sa
 
 
-def encode_words(sa: SecAggTransport, u: torch.Tensor, k: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """One client's rows [1, d] → (words in Z_(2^b), b) with the no-overflow bound of a k-client sum."""
+def encode_words(sa: SecAggTransport, u: torch.Tensor, k: int, rng: np.random.Generator,
+                 index: int | None = None) -> tuple[np.ndarray, int]:
+    """One client's rows [1, d] → (words in Z_(2^b), b) with the no-overflow bound of a k-client sum.
+    `index` (seeded clients only): the client's row in the cohort; its stochastic rounding then
+    takes the draws the simulator's cohort-wide stream gives that row (one 64-bit draw per value)."""
     bits = sa.round_bits(k)
     if sa.encoding == "int":
         return ring.encode_int(u, bits, bound=ring.client_bound(bits, k)), bits
+    if index:
+        rng.bit_generator.advance(index * u.shape[1])
     return ring.encode_fixed(u, bits, sa.clip_range, sa.frac_bits, rng), bits
 
 
@@ -257,16 +263,22 @@ class LocalClient:
         return ctx
 
     def update(self, plan: Any, w: torch.Tensor) -> tuple[torch.Tensor, RoundContext]:
-        """Local training and the client chain for this round: the client's row [1, d']."""
+        """Local training and the client chain for this round (`dpfl.schemes.round`): the row [1, d']."""
         self.check_plan(plan)
         ctx = self.context(plan, w)
-        mask = None
-        for s in self.scheme.steps:
-            m = s.train_mask(ctx)
-            if m is not None:
-                mask = m if mask is None else (mask & m)
+        mask, cplan = local_plan(self.scheme, ctx)
+        start, hook = w, None
+        if cplan is not None:
+            if cplan.batches is not None:
+                raise ConfigError(f"scheme {self.scheme.name!r} sets its own local batches, which a deployed "
+                                  "client does not take from the server")
+            start = w if cplan.start is None else cplan.start
+            hook = cplan.grad_hook
         dp = None
         if self.cfg.train.dpsgd is not None:  # the simulator's per-client streams (OS-keyed unless seeded)
+            if hook is not None:
+                raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it sets "
+                                  "its own gradient corrections, which would bypass DP-SGD")
             d = self.cfg.train.dpsgd
             sampler = self.seeds.crypto("round", plan.round, "dpsgd-sample", self.cid)
             pos, weight, q = poisson_positions(np.array([self.size]), plan.steps, plan.batch, [sampler])
@@ -281,15 +293,61 @@ class LocalClient:
             else:
                 pos = local_positions(np.array([self.size]), plan.steps, plan.batch, rng)[0]
         torch.manual_seed(self.seeds.seed("round", plan.round, "torch", self.cid))  # dropout layers
-        u = self.trainer.train(w, self.x, self.y, torch.from_numpy(pos[None]).to(self.device), mask, dp=dp)
-        for s in self.scheme.steps:
-            u = s.client(u, ctx)
+        u = self.trainer.train(start, self.x, self.y, torch.from_numpy(pos[None]).to(self.device), mask,
+                               grad_hook=hook, dp=dp)
+        u = client_chain(self.scheme.steps, u, ctx)
         if u.ndim != 2 or u.shape[0] != 1:
             raise RuntimeError(f"scheme {self.scheme.name}: the client chain returned shape {tuple(u.shape)}, "
                                "expected one row")
         return u, ctx
 
+    def report(self, ctx: RoundContext) -> dict[str, np.ndarray]:
+        """What the steps' server sides need beside this client's row (`Step.client_report`), as
+        flat named arrays with one leading row."""
+        out: dict[str, np.ndarray] = {}
+        for i, s in enumerate(self.scheme.steps):
+            for name, t in s.client_report(ctx).items():
+                out[f"{i}/{name}"] = t.detach().cpu().numpy()
+        return out
+
+    def client_state(self) -> dict[str, np.ndarray]:
+        """What this client keeps on its node between rounds: the state of the steps that declare
+        `client_state` (FedDyn's gradient memory), as flat named arrays."""
+        out: dict[str, np.ndarray] = {}
+        for i, s in enumerate(self.scheme.steps):
+            if s.client_state:
+                _flatten(s.state_dict(), f"{i}", out)
+        return out
+
+    def load_client_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for i, s in enumerate(self.scheme.steps):
+            if s.client_state:
+                mine = {k[len(f"{i}/"):]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
+                if mine:
+                    s.load_state_dict(_unflatten(mine))
+
     def node_secret(self) -> bytes:
         """32 bytes from which this client derives its secure-aggregation keys of every round
         (kept on the node, never sent)."""
         return derive_key(self.cfg.seed, "flower-secagg", self.cid) if self.node.seeded else os.urandom(32)
+
+
+def _flatten(state: Mapping[str, Any], prefix: str, out: dict[str, np.ndarray]) -> None:
+    for k, v in state.items():
+        if isinstance(v, Mapping):
+            _flatten(v, f"{prefix}/{k}", out)
+        elif isinstance(v, torch.Tensor):
+            out[f"{prefix}/{k}"] = v.detach().cpu().numpy()
+        else:
+            raise TypeError(f"client state {prefix}/{k}: {type(v).__name__} is not a tensor")
+
+
+def _unflatten(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, a in arrays.items():
+        *path, last = key.split("/")
+        d = out
+        for p in path:
+            d = d.setdefault(p, {})
+        d[last] = torch.from_numpy(np.array(a))
+    return out

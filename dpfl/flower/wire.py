@@ -181,6 +181,26 @@ def read_payload(content: RecordDict, names: list[str] | None = None) -> Payload
     return Payload(arrays)
 
 
+REPORT = "report"
+
+
+def report_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """What a client's steps report beside its row (`Step.client_report`): one row per array."""
+    return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
+
+
+def read_report(content: RecordDict) -> dict[str, np.ndarray]:
+    """A client's step reports ({} if it sent none); every array has one leading row."""
+    if REPORT not in content:
+        return {}
+    rec = content[REPORT]
+    out = {name: rec[name].numpy() for name in rec}
+    for name, a in out.items():
+        if a.ndim < 1 or a.shape[0] != 1:
+            raise ProtocolError(f"report: array {name!r} must have one leading row, got shape {list(a.shape)}")
+    return out
+
+
 def stack_payloads(payloads: list[Payload]) -> Payload:
     """Rows of several clients into one cohort payload (the layout `Codec.decode` takes)."""
     names = sorted(payloads[0].arrays)

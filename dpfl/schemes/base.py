@@ -1,6 +1,6 @@
 """The scheme contract: a client update flows through a chain of small named steps.
 
-A round, as the engine runs it:
+A round (written once, in `dpfl.schemes.round.run_round`, which every driver calls):
 
 1. select the cohort; the server *broadcasts* the model (``Scheme.downstream_bytes``);
 2. every answering client trains locally (vectorized over the cohort) and produces its
@@ -22,6 +22,14 @@ A round, as the engine runs it:
 Everything is batched over the cohort: a step sees all k client rows at once. Steps
 keep their own state (momentum, error feedback, a Top-K set) and expose it through
 ``state_dict`` / ``load_state_dict`` so runs resume bit-identically.
+
+What a step declares (typed class attributes; drivers read these, never method overrides):
+``private`` (it adds privacy events: the run keeps a ledger), ``sigma`` (its noise multiplier),
+``changes_local_training`` (it returns a ``ClientPlan``), ``client_state`` (it keeps per-client
+state between rounds, which a deployed client keeps on its own node), ``deploy_note`` (why it
+cannot run over Flower yet, if so); what its server side needs from deployed clients goes
+through ``client_report`` / ``server_report``. A transport declares ``secure`` and
+``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats).
 """
 
 from __future__ import annotations
@@ -103,6 +111,13 @@ class Step:
     """One named stage of a scheme. Override what you need; defaults pass through."""
 
     name = "step"
+    private: bool = False  # adds privacy events (`privacy_events`): the run keeps a privacy ledger
+    changes_local_training: bool = False  # returns a ClientPlan from `local_training`
+    # keeps per-client state between rounds in `state_dict` (FedDyn's memory, Sub-FedAvg's masks):
+    # a deployed client keeps its own part on its node
+    client_state: bool = False
+    deploy_note: str | None = None  # why this step cannot run over Flower yet (None: it can)
+    sigma: float | None = None  # the noise multiplier σ of a noise step (checkpoints compare it on resume)
 
     def setup(self, ctx: SetupContext) -> None:
         """Called once before training (e.g. pick a Top-K set, select a clip bound)."""
@@ -127,6 +142,15 @@ class Step:
         """Bytes one client downloads this round, if this step decides it (else None)."""
         return None
 
+    def client_report(self, ctx: RoundContext) -> dict[str, torch.Tensor]:
+        """What a deployed client sends beside its row so that this step's server side can run
+        (Sub-FedAvg: its new mask), after `client`: name → rows [k, ...]. In process the step
+        already holds it; over Flower the coordinator hands the stacked reports to `server_report`."""
+        return {}
+
+    def server_report(self, report: dict[str, torch.Tensor], ctx: RoundContext) -> None:
+        """The answering clients' `client_report`s, stacked in cohort order (before `server`)."""
+
     def privacy_events(self, ctx: RoundContext) -> list[Any]:
         """Privacy events this round adds to the ledger (noise steps)."""
         return []
@@ -149,19 +173,27 @@ class Received:
     total: torch.Tensor  # sum over clients [d] (float64 or int64 where exact)
     count: int  # number of contributions in `total`
     upstream_bytes: np.ndarray  # bytes each client sent, int64 [k]
+    width: int = 0  # values per client row as sent (d'); set where the clients ran the chain remotely
 
 
 class Transport:
     """Encodes each client's row into its wire payload, counts bytes, decodes for the server."""
 
     name = "transport"
-    secure = False  # True when the server only learns the sum
+    secure: bool = False  # True when the server only learns the sum
+    bits_per_value: int | None = None  # bits one value takes on the wire (last round sent); None: float32
+    drop_after_masking: float = 0.0  # share of clients a secure sum simulates as failing (simulator only)
 
     def setup(self, ctx: SetupContext) -> None:
         pass
 
     def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
         raise NotImplementedError
+
+    def round_transport(self, k: int, d: int) -> Any:
+        """A secure transport's `SecAggTransport` for a round of k clients sending d values
+        (what a deployed round runs); None if this transport has none."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -218,6 +218,7 @@ class _NoiseStep(Step):
     """What both noise steps share: σ, q, l, placement, local-noise participation, state."""
 
     label = ""  # the name in `describe`
+    private = True  # adds privacy events: the run keeps a ledger
     without_replacement: tuple[int, int] | None = None  # (N, |K|) when the event samples without replacement
 
     def __init__(self, sigma: float, q: float, tolerate: int = 0, noise: str = "distributed"):

@@ -33,6 +33,8 @@ class FedDynStep(Step):
     """Client: linear term from the gradient memory, memory update; server: h and the FedDyn model."""
 
     name = "feddyn"
+    changes_local_training = True
+    client_state = True  # a deployed client keeps its row on its node
 
     def __init__(self, alpha: float, dtype: torch.dtype = torch.float32):
         self.alpha = float(alpha)

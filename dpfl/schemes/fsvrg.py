@@ -38,6 +38,8 @@ class FSVRGStep(Step):
     """Round-start full gradient, SVRG local steps (via the trainer's grad hook), gradient upload."""
 
     name = "fsvrg"
+    changes_local_training = True
+    deploy_note = "its clients need the round's full gradient: a second exchange after they upload theirs"
 
     def __init__(self, h: float, batch_size: int = 1):
         self.h = float(h)

@@ -32,6 +32,16 @@ class Scheme:
     # how the privacy events account client selection (DP schemes): "poisson" | "without-replacement" | "none"
     privacy_sampling: str | None = None
 
+    @property
+    def private(self) -> bool:
+        """True when a step adds privacy events: the run keeps a privacy ledger."""
+        return any(s.private for s in self.steps)
+
+    @property
+    def client_state(self) -> bool:
+        """True when a step keeps per-client state between rounds (kept on a deployed client's node)."""
+        return any(s.client_state for s in self.steps)
+
     def setup(self, ctx: SetupContext) -> None:
         for s in self.steps:
             s.setup(ctx)

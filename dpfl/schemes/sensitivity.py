@@ -29,6 +29,7 @@ from dpfl.errors import ConfigError
 from dpfl.privacy import PureDPEvent
 from dpfl.privacy.mechanisms import exponential_mechanism
 from dpfl.schemes.base import RoundContext, SetupContext, Step
+from dpfl.schemes.round import client_chain, train_mask
 from dpfl.schemes.sampling import local_positions
 
 
@@ -39,19 +40,8 @@ def _round0(ctx: SetupContext, cohort: np.ndarray) -> RoundContext:
                         global_params=ctx.initial_params, n_clients=ctx.n_clients, cohort_size=ctx.cohort_size)
 
 
-def _mask(steps: Sequence[Step], rctx: RoundContext) -> torch.Tensor | None:
-    mask = None
-    for s in steps:
-        m = s.train_mask(rctx)
-        if m is not None:
-            mask = m if mask is None else (mask & m)
-    return mask
-
-
 def _compressed_norms(u: torch.Tensor, steps: Sequence[Step], rctx: RoundContext) -> np.ndarray:
-    for s in steps:
-        u = s.client(u, rctx)
-    return u.detach().to("cpu", torch.float64).norm(dim=1).numpy()
+    return client_chain(steps, u, rctx).detach().to("cpu", torch.float64).norm(dim=1).numpy()
 
 
 def _need_trainer(ctx: SetupContext, what: str):
@@ -76,7 +66,7 @@ def client_norms(ctx: SetupContext, steps: Sequence[Step], clients: int | None =
     else:
         ids = np.sort(ctx.seeds.numpy("dp-clip", "clients").choice(n, size=int(clients), replace=False))
     rctx = _round0(ctx, ids)
-    mask = _mask(steps, rctx)
+    mask = train_mask(steps, rctx)
     cfg = trainer.cfg
     pos = local_positions(fed.sizes[ids], cfg.steps, cfg.batch_size, ctx.seeds.numpy("dp-clip", "batches"))
     out = []

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpfl.errors import ProtocolError
 from dpfl.schemes.base import ClientPlan, RoundContext, SetupContext, Step
 from dpfl.schemes.client_state import ClientTable
 
@@ -40,6 +41,8 @@ class SubFedAvgStep(Step):
     """Per-client masks: masked start and training, magnitude pruning, intersection averaging."""
 
     name = "sub-fedavg"
+    changes_local_training = True
+    client_state = True  # a deployed client keeps its row on its node
 
     def __init__(self, sparsity: float, prune_rate: float, personal_eval: int = 500):
         self.sparsity, self.prune_rate, self.personal_eval = float(sparsity), float(prune_rate), int(personal_eval)
@@ -98,12 +101,24 @@ class SubFedAvgStep(Step):
         theta = ctx.global_params * m + u  # the trained personal sub-networks
         new = self.prune(theta, m)
         self.table.put(ctx.cohort, new)
-        self._round["count"] = new.sum(0, dtype=torch.float32)
-        self._round["masks"] = new
+        self._keep(new, ctx)
+        return u * new
+
+    def _keep(self, new: torch.Tensor, ctx: RoundContext) -> None:
+        """This round's new masks [k, n], for the server step (and the cohort's sparsity)."""
+        self._round.update(round=ctx.round, masks=new, count=new.sum(0, dtype=torch.float32))
         if self.n_prunable:
             kept = sum(new[:, off : off + size].sum(1) for off, size in self.layers).to(torch.float64)
             ctx.metrics["sparsity"] = float(1 - (kept / self.n_prunable).mean())
-        return u * new
+
+    def client_report(self, ctx: RoundContext) -> dict[str, torch.Tensor]:
+        return {"mask": self._round["masks"]}  # a deployed client's new mask: the server averages on it
+
+    def server_report(self, report: dict[str, torch.Tensor], ctx: RoundContext) -> None:
+        mask = report.get("mask")
+        if mask is None or mask.dtype != torch.bool or mask.shape != (len(ctx.cohort), self.n):
+            raise ProtocolError(f"Sub-FedAvg: the clients' masks must be bool [{len(ctx.cohort)}, {self.n}]")
+        self._keep(mask.to(self.table.device), ctx)
 
     # ---- server side ------------------------------------------------------------
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:

@@ -15,6 +15,7 @@ class PlainTransport(Transport):
     def __init__(self, codec: Codec | None = None):
         self.codec = codec or Float32Codec()
         self.name = f"plain/{self.codec.name}"
+        self.bits_per_value = self.codec.bits_per_value
 
     def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
         payload = self.codec.encode(u, ctx.numpy_rng("encode"))

@@ -157,13 +157,13 @@ def test_random_update_ruins_fl_std_but_not_fl_sign():
 
 
 def test_gradient_ascent_colluders_send_one_update_from_the_union_of_their_data():
-    from dpfl.attacks.malicious import train_mask
+    from dpfl.schemes.round import train_mask
     from dpfl.schemes.sampling import local_positions
 
     cfg = tiny_config(rounds=1, attack={"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}})
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
-    cohort, _ = sim._cohort(1)
+    sim.setup()
+    cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
     ctx.malicious = sim.attack.select(ctx)
     u = sim.client_updates(ctx)
@@ -172,7 +172,7 @@ def test_gradient_ascent_colluders_send_one_update_from_the_union_of_their_data(
     # reference: the same local procedure, ascending, on the pooled data, boosted by η_Adv = 10
     pool = np.concatenate([sim.fed.clients[c] for c in cohort[ctx.malicious]])
     pos = local_positions(np.array([len(pool)]), 5, 10, ctx.numpy_rng("attack", "batches"))[0]
-    ref = sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, torch.from_numpy(pool[pos][None]), train_mask(sim, ctx),
+    ref = sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, torch.from_numpy(pool[pos][None]), train_mask(sim.scheme.steps, ctx),
                             torch.tensor([-1.0]))
     torch.testing.assert_close(u[bad][0], 10.0 * ref[0])
     # ascent: the pooled loss goes up along the attackers' update, down along an honest one
@@ -269,19 +269,19 @@ def test_in_backdoor_against_fl_sign_dp_end_to_end():
 def test_an_overflowing_ascent_sends_its_last_finite_iterate_and_is_not_dropped():
     """With a huge step the attackers' ascent overflows; they then send the update of the last
     finite step (a NaN row would be dropped as a diverged client and the attack silently disarmed)."""
-    from dpfl.attacks.malicious import train_mask
+    from dpfl.schemes.round import train_mask
     from dpfl.schemes.sampling import local_positions
 
     ga = {"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}}
     cfg = tiny_config(rounds=1, lr=1e18, attack=ga)
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
-    cohort, _ = sim._cohort(1)
+    sim.setup()
+    cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
     ctx.malicious = sim.attack.select(ctx)
     pool = np.concatenate([sim.fed.clients[c] for c in cohort[ctx.malicious]])
     pos = local_positions(np.array([len(pool)]), 5, 10, ctx.numpy_rng("attack", "batches"))[0]
-    batches, mask, asc = torch.from_numpy(pool[pos][None]), train_mask(sim, ctx), torch.tensor([-1.0])
+    batches, mask, asc = torch.from_numpy(pool[pos][None]), train_mask(sim.scheme.steps, ctx), torch.tensor([-1.0])
     assert not torch.isfinite(sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, batches, mask, asc)).all()
     total, steps = torch.zeros_like(sim.w), 0  # reference: step by step while the model stays finite
     for t in range(5):

@@ -76,7 +76,7 @@ def test_simulation_per_client_epsilon_matches_dp_accounting(tiny_config):
     cfg = tiny_config(**{"train.dpsgd": DP, "data.partition": "quantity", "federation.rounds": 4,
                          "data.n_clients": 8, "federation.clients_per_round": 3})
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
+    sim.setup()
     sim.record.orders = ORDERS
     sim.record._curves.clear()
     ms = [sim.step_round() for _ in range(4)]

@@ -74,9 +74,9 @@ def test_fl_std_bytes_measured_equal_formula(tmp_path, tiny_config):
 def test_weighted_mean_uses_data_sizes(tmp_path, tiny_config):
     cfg = tiny_config(**{"data.partition": "quantity", "federation.rounds": 1})
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
+    sim.setup()
     w0 = sim.w.clone()
-    cohort, _ = sim._cohort(1)
+    cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
     u = sim.client_updates(ctx)
     sizes = torch.tensor(sim.fed.sizes[cohort], dtype=torch.float64)

@@ -60,7 +60,7 @@ def test_the_stated_poisson_assumption_is_named_as_an_assumption(tmp_path):
 ])
 def test_other_selections_account_what_they_do(federation, opts, expected):
     sim = Simulation(_cfg(federation=federation, **opts), None, log=lambda s: None)
-    sim._setup()
+    sim.setup()
     assert sim.epsilon_sampling() == expected and sim.ledger.neighbouring == "add_remove"
     assert "assumed" not in sim.accounting_note()
 

@@ -29,7 +29,7 @@ def _sim(scheme, privacy=None, **opts):
         "scheme": {"name": scheme, "options": {"sigma": 1.0, **opts}},
     })
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
+    sim.setup()
     return sim
 
 

@@ -104,8 +104,8 @@ def test_feddyn_matches_a_per_client_reference():
     step = sim.scheme.steps[0]
     w, h, mem, m = sim.w.clone(), torch.zeros_like(sim.w), {}, 60
     for r in (1, 2, 3):
-        cohort, _ = sim._cohort(r)
-        batches = sim._batches(r, cohort)
+        cohort, _ = sim.select(r)
+        batches = sim.batches(r, cohort)
         deltas = []
         for i, c in enumerate(cohort):
             g_c = mem.get(int(c), torch.zeros_like(w))
@@ -131,7 +131,7 @@ def test_feddyn_state_grows_only_with_clients_seen(dtype, itemsize):
     step = sim.scheme.steps[0]
     n, seen = sim.flat.n, set()
     for r in range(1, 6):
-        cohort, _ = sim._cohort(r)
+        cohort, _ = sim.select(r)
         sim.step_round()
         seen |= set(cohort.tolist())
         table = step.table
@@ -180,7 +180,7 @@ def test_fsvrg_matches_a_per_client_reference():
     sim = _sim("fsvrg", partition="quantity", h=h, batch_size=bs)
     w = sim.w.clone()
     for r in (1, 2):
-        cohort, _ = sim._cohort(r)
+        cohort, _ = sim.select(r)
         sizes = sim.fed.sizes[cohort]
         assert len(set(sizes.tolist())) > 1  # uneven clients: padded steps must be no-ops
         local = [_grad(sim, w, torch.from_numpy(sim.fed.clients[c])) for c in cohort]
@@ -212,8 +212,8 @@ def test_sub_fedavg_matches_a_per_client_reference():
     n_pr = sum(sz for _, sz in layers)
     w, masks = sim.w.clone(), {}
     for r in (1, 2, 3):
-        cohort, _ = sim._cohort(r)
-        batches = sim._batches(r, cohort)
+        cohort, _ = sim.select(r)
+        batches = sim.batches(r, cohort)
         total, count = torch.zeros_like(w), torch.zeros_like(w)
         for i, c in enumerate(cohort):
             mk = masks.get(int(c), torch.ones_like(w, dtype=torch.bool))
@@ -249,7 +249,7 @@ def test_sub_fedavg_masks_shrink_to_the_target_and_never_prune_biases():
             bias[off : off + math.prod(sh)] = True
     prev, times, last = {}, {}, None
     for r in range(1, 21):
-        cohort, _ = sim._cohort(r)
+        cohort, _ = sim.select(r)
         last = sim.step_round()
         for c in cohort.tolist():
             times[c] = times.get(c, 0) + 1
@@ -325,10 +325,11 @@ def test_bad_options_are_config_errors_naming_the_option(scheme, opts, name):
         _sim(scheme, **opts)
 
 
-def test_flower_deployment_refuses_per_client_local_training():
+def test_flower_deployment_refuses_the_schemes_that_declare_they_cannot_deploy():
     pytest.importorskip("flwr")
     from dpfl.flower.node import build_run_scheme
 
-    with pytest.raises(ConfigError, match="simulator"):
-        build_run_scheme(_cfg("feddyn"), 10)
-    assert build_run_scheme(_cfg("fedprox"), 10).name == "fedprox"
+    with pytest.raises(ConfigError, match="(?s)full gradient.*simulator"):
+        build_run_scheme(_cfg("fsvrg"), 10)
+    for name in ("fedprox", "feddyn", "sub-fedavg"):  # clients keep their memory / mask on their nodes
+        assert build_run_scheme(_cfg(name), 10).name == name
