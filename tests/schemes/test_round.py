@@ -8,10 +8,11 @@ import torch
 
 from dpfl.errors import BudgetExceededError
 from dpfl.rng import Seeds
+from dpfl.schemes.aggregators import MeanAggregator
 from dpfl.schemes.base import ClientPlan, RoundContext, Step
 from dpfl.schemes.registry import Scheme
 from dpfl.schemes.round import Accounting, empty_totals, local_plan, run_round
-from dpfl.schemes.transport import MeanAggregator, PlainTransport
+from dpfl.schemes.transport import PlainTransport
 from dpfl.secagg import RoundAborted
 
 N = 6
