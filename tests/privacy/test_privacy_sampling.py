@@ -96,13 +96,13 @@ def _last_json(res):
 
 
 def test_cli_without_replacement_all_accountants_name_which_support_it():
-    out = _last_json(runner.invoke(app, WOR + ["--json"]))
+    out = _last_json(runner.invoke(app, WOR + ["--accountant", "all", "--json"]))
     assert out["sampling"] == "without-replacement" and out["neighbouring"] == "replace_one"
     assert out["pld"] is None and "pld" in out["unsupported"]
     # the ledger itself is checked against dp-accounting above (on a small grid: the full one is slow)
     assert out["rdp"] == epsilon_without_replacement(2.0, 60, 6, 10, 1e-5, "rdp")
     assert out["moments"] == pytest.approx(epsilon_without_replacement(2.0, 60, 6, 10, 1e-5, "moments"))
-    table = runner.invoke(app, WOR)
+    table = runner.invoke(app, WOR + ["--accountant", "all"])
     assert table.exit_code == 0 and "not supported" in table.output and "replace_one" in table.output
 
 
