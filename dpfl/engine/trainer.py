@@ -174,20 +174,29 @@ class Trainer:
 
     def _dp_grads(self, params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor, dp: ClientDP,
                   t: int, sign: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Noisy clipped gradients {name: [k, *shape]} of step t: per-(client, example) gradients by
-        `clipped_grad_sum` vmapped over the clients (in chunks of `dp.chunk` rows), noise per row."""
-        loss = "bce" if self.task == "binary" else "ce"
-        buffers = {n: b.detach() for n, b in self.model.named_buffers()}
-
-        def one(p, xx, yy, mm):
-            return clipped_grad_sum(p, buffers, self.model, xx, yy, clip=dp.clip, loss=loss, mask=mm)
-
+        """Noisy clipped gradients {name: [k, *shape]} of step t: the clipped sums of the whole cohort
+        by book-keeping (`CohortModel.clipped_sums`) where the model allows it, else per-(client,
+        example) gradients by `clipped_grad_sum` vmapped over the clients (in chunks of `dp.chunk`
+        rows); then noise per row from the row's own stream."""
         k = xb.shape[0]
-        step = dp.chunk or k
-        parts = [torch.func.vmap(one, randomness="different")(
-            {n: v[s:s + step] for n, v in params.items()}, xb[s:s + step], yb[s:s + step],
-            dp.weight[s:s + step, t]) for s in range(0, k, step)]
-        grads = {n: torch.cat([p[n] for p in parts]) for n in params}
+        parts = None
+        step = self.cohort.bookkeeping_rows(xb.shape[1])
+        if step:
+            parts = [self.cohort.clipped_sums({n: v[s:s + step] for n, v in params.items()}, xb[s:s + step],
+                                              yb[s:s + step], dp.clip, dp.weight[s:s + step, t])
+                     for s in range(0, k, step)]
+        if parts is None or any(p is None for p in parts):
+            loss = "bce" if self.task == "binary" else "ce"
+            buffers = {n: b.detach() for n, b in self.model.named_buffers()}
+
+            def one(p, xx, yy, mm):
+                return clipped_grad_sum(p, buffers, self.model, xx, yy, clip=dp.clip, loss=loss, mask=mm)
+
+            step = dp.chunk or k
+            parts = [torch.func.vmap(one, randomness="different")(
+                {n: v[s:s + step] for n, v in params.items()}, xb[s:s + step], yb[s:s + step],
+                dp.weight[s:s + step, t]) for s in range(0, k, step)]
+        grads = {n: torch.cat([p[n] for p in parts]) if len(parts) > 1 else parts[0][n] for n in params}
         if dp.noise_multiplier > 0:
             for c in range(k):  # each row's own noise stream, in parameter order
                 noise = gaussian_like({n: g[c] for n, g in grads.items()}, dp.noise_multiplier * dp.clip, dp.rngs[c])
