@@ -173,22 +173,24 @@ class CohortModel:
         return max(1, _BOOKKEEPING_VALUES // max(1, batch * conv))
 
     def clipped_sums(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, clip: float,
-                     weight: torch.Tensor) -> dict[str, torch.Tensor] | None:
+                     weight: torch.Tensor, out: dict[str, torch.Tensor] | None = None
+                     ) -> dict[str, torch.Tensor] | None:
         """Σ_i m_i ḡ_i for every client at once, {name: [k, *shape]}: each (client, example)
         gradient clipped to `clip` as `dpfl.dpsgd.core.clipped_grad_sum` does (norm over all
         layers, float64 norms, the 1 − 2⁻¹² margin), weighted by `weight` [k, B] (0 = padding).
         Book-keeping (`dpfl.dpsgd.ghost`) over the whole cohort: one forward, one backward; Linear
         norms from ‖a_i‖²‖g_i‖², conv per-example weight gradients one layer at a time as a grouped
         convolution with one group per (client, example). None where this model or call cannot
-        (the caller then uses the per-example vmap path)."""
+        (the caller then uses the per-example vmap path). `out`: contiguous tensors like `params`
+        to write the sums into (no fresh allocation of k model-sized tensors per step)."""
         if not self.bookkeeping_rows(x.shape[1]):
             return None
         k, b = x.shape[:2]
         seen: list = []
         with torch.enable_grad():
             leaves = {n: v.detach().requires_grad_(True) for n, v in params.items()}
-            out = self._forward_fx(leaves, x.reshape(k * b, *x.shape[2:]), k, seen)
-            total = loss_per_sample(out, y, self.task).sum()
+            logits = self._forward_fx(leaves, x.reshape(k * b, *x.shape[2:]), k, seen)
+            total = loss_per_sample(logits, y, self.task).sum()
         versions = [(a._version, o._version) for _, _, a, o in seen]
         names = [s[0] for s in seen]
         if len(set(names)) != len(names) or any(  # a module run twice, or a 3-D Linear input
@@ -207,10 +209,15 @@ class CohortModel:
         res = {}
         for name, wfn, bfn in layers:
             wt = w.to(params[name + ".weight"].dtype)
-            res[name + ".weight"] = wfn(wt)
-            if bfn is not None:
-                res[name + ".bias"] = bfn(wt)
-        return {n: res[n] if n in res else torch.zeros_like(v) for n, v in params.items()}
+            for key, fn in ((name + ".weight", wfn), (name + ".bias", bfn)):
+                if fn is not None:
+                    res[key] = fn(wt, None if out is None else out[key]).view(params[key].shape)
+        if out is None:
+            return {n: res[n] if n in res else torch.zeros_like(v) for n, v in params.items()}
+        for n, v in out.items():
+            if n not in res:  # parameters of layers the forward never used
+                v.zero_()
+        return out
 
     # ---- fx fast path -------------------------------------------------------------
     def _forward_fx(self, views: dict[str, object], x: torch.Tensor, k: int,
@@ -324,29 +331,33 @@ _BOOKKEEPING_VALUES = 2**28
 
 
 def _cohort_layer(m: nn.Module, a: torch.Tensor, g: torch.Tensor, k: int, b: int):
-    """(squared per-example gradient norms float64 [k, B], w [k, B] -> Σ_i w_i ∇W ℓ_i [k, *shape],
-    the same for the bias or None) of one layer, from its input `a` and output gradient `g`."""
-    if isinstance(m, nn.Conv2d):  # grouped layout [B, k·C, H, W]: one group per (example, client)
+    """(squared per-example gradient norms float64 [k, B], (w [k, B], out) -> Σ_i w_i ∇W ℓ_i
+    [k, *shape] written into `out` if given, the same for the bias or None) of one layer, from
+    its input `a` and output gradient `g`."""
+    if isinstance(m, nn.Conv2d):  # grouped layout [B, k·C, H, W] -> one group per (client, example)
+        def by_client(v):
+            return v.reshape(b, k, -1, *v.shape[2:]).transpose(0, 1).reshape(1, -1, *v.shape[2:])
+
         c_out = m.out_channels
         per = torch.nn.grad.conv2d_weight(
-            a.reshape(1, -1, *a.shape[2:]), (b * k * c_out, m.in_channels, *m.kernel_size),
-            g.reshape(1, -1, *g.shape[2:]), stride=m.stride, padding=m.padding, dilation=m.dilation,
-            groups=b * k).reshape(b, k, c_out, -1)
-        sq = _sq_norm(per.reshape(b * k, -1)).view(b, k).t()
+            by_client(a), (k * b * c_out, m.in_channels, *m.kernel_size), by_client(g), stride=m.stride,
+            padding=m.padding, dilation=m.dilation, groups=k * b).view(k, b, -1)
+        sq = _sq_norm(per.view(k * b, -1)).view(k, b)
         gb = g.reshape(b, k, c_out, -1).sum(-1).transpose(0, 1)  # per-example bias gradients [k, B, out]
 
-        def weight(w):
-            return torch.einsum("kb,bkod->kod", w, per).reshape(k, *m.weight.shape)
+        def weight(w, out):
+            res = torch.bmm(w[:, None, :], per, out=None if out is None else out.view(k, 1, -1))
+            return res.view(k, *m.weight.shape)
     else:  # Linear on [k·B, in], rows client-major: ‖∇W ℓ_i‖² = ‖a_i‖²‖g_i‖², never formed
         sq = (_sq_norm(a) * _sq_norm(g)).view(k, b)
         a, gb = a.reshape(k, b, -1), g.reshape(k, b, -1)
 
-        def weight(w):
-            return torch.bmm((gb * w[..., None]).transpose(1, 2), a)
+        def weight(w, out):
+            return torch.bmm((gb * w[..., None]).transpose(1, 2), a, out=out)
     if m.bias is None:
         return sq, weight, None
     sq = sq + _sq_norm(gb.reshape(k * b, -1)).view(k, b)
-    return sq, weight, lambda w: torch.einsum("kb,kbo->ko", w, gb)
+    return sq, weight, lambda w, out: torch.bmm(w[:, None, :], gb, out=None if out is None else out[:, None])
 
 
 _PER_CHANNEL = (nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.Dropout, nn.Identity)
