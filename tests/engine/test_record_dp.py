@@ -1,6 +1,7 @@
 """Record-level DP-SGD inside the clients (train.dpsgd): accounting, clipping, determinism, config."""
 
 import functools
+import io
 import json
 
 import numpy as np
@@ -316,3 +317,25 @@ def test_gradient_correction_scheme_refused(tiny_config):
                      None, log=lambda s: None)
     with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
         sim.step_round()
+
+
+def test_record_fl_bench_runs_both_sides_and_they_account_alike(tmp_path):
+    """`dpfl bench record-fl` on a tiny federation: both sides train the same clients, and Opacus's RDP
+    accountant gives the ε that dpfl's per-client accountant gives (same q, σ, steps)."""
+    pytest.importorskip("opacus")
+    from rich.console import Console
+
+    from dpfl.bench.record_fl import run_bench
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('name = "tiny"\nseed = 3\n[data]\ndataset = "digits"\nn_clients = 20\npartition = "shards"\n'
+                   '[model]\nname = "mlp"\noptions = {in_features = 64, hidden = 16, num_classes = 10}\n'
+                   '[train]\nsteps = 2\nbatch_size = 8\nlr = 0.1\n[federation]\nrounds = 1\nclients_per_round = 4\n')
+    console = Console(file=io.StringIO(), width=200)
+    out = run_bench(rounds=2, clients=4, noise_multiplier=1.3, config=str(cfg), console=console)
+    assert [r["clients"] for r in out["per_round"]] == [4, 4]
+    assert out["dpfl"]["examples_per_s"] > 0 and out["opacus"]["examples_per_s"] > 0
+    assert 0 <= out["opacus"]["accuracy"] <= 1 and 0 <= out["dpfl"]["accuracy"] <= 1
+    for key in ("record_epsilon_max", "record_epsilon_median"):
+        assert out["opacus"][key] == pytest.approx(out["dpfl"][key], rel=0.02), key
+    assert "dpfl / Opacus examples per second" in console.file.getvalue()
