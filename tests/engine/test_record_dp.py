@@ -339,3 +339,18 @@ def test_record_fl_bench_runs_both_sides_and_they_account_alike(tmp_path):
     for key in ("record_epsilon_max", "record_epsilon_median"):
         assert out["opacus"][key] == pytest.approx(out["dpfl"][key], rel=0.02), key
     assert "dpfl / Opacus examples per second" in console.file.getvalue()
+
+
+@pytest.mark.parametrize("eps", [1, 4, 8])
+def test_record_dp_configs_are_setting_d_with_a_record_level_target(eps):
+    from dpfl.experiments.reproduce import configs_root
+
+    got = load_config(configs_root() / "record-dp" / f"setting-d-eps{eps}.toml").model_dump()
+    base = load_config(configs_root() / "settings" / "setting-d-fl-std.toml").model_dump()
+    dp = got["train"].pop("dpsgd")
+    assert dp["target_epsilon"] == eps and dp["delta"] == 1e-5 and dp["noise_multiplier"] is None
+    base["train"].pop("dpsgd")
+    for key in ("name",):
+        got.pop(key), base.pop(key)
+    got["eval"].pop("every"), base["eval"].pop("every"), got["run"].pop("threads"), base["run"].pop("threads")
+    assert got == base
