@@ -9,6 +9,7 @@ another. `CryptoRNG` is AES-256-CTR keyed either from the OS (deployment) or fro
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from typing import TYPE_CHECKING
@@ -60,6 +61,9 @@ class Seeds:
         return CryptoRNG(key=derive_key(self.root, "crypto", *path))
 
 
+_CHUNK = 1 << 16  # words per chunk of `gaussian_into` (512 KiB of keystream: stays in cache)
+
+
 class CryptoRNG:
     """AES-256-CTR keystream as a random source.
 
@@ -85,6 +89,46 @@ class CryptoRNG:
         done = self._enc.update_into(np.zeros(8 * n, dtype=np.uint8), out)
         assert done == 8 * n
         return out[: 8 * n].view("<u8")
+
+    def gaussian_into(self, out: torch.Tensor, std: float) -> torch.Tensor:
+        """Fill the contiguous CPU float tensor `out` with N(0, std²) noise: exactly the values of
+        `dpfl.pate.noise.gaussian(self, out.numel(), std)` (Box–Muller in float64 on open 53-bit
+        uniforms, the same keystream words) rounded to `out.dtype`, and the stream ends in the same
+        place. Works in cache-sized chunks with no full-size float64 or keystream array: about
+        twice as fast for a million values."""
+        import torch
+
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"Gaussian std must be >= 0 and finite, got {std}")
+        if not (out.is_contiguous() and out.dtype.is_floating_point and out.device.type == "cpu"):
+            raise ValueError("gaussian_into needs a contiguous float tensor on the CPU")
+        flat, n = out.view(-1), out.numel()
+        half = (n + 1) // 2
+        ch = min(_CHUNK, half) or 1
+        zeros = np.zeros(8 * ch, dtype=np.uint8)
+        buf = np.empty(8 * ch + 15, dtype=np.uint8)  # update_into wants block size - 1 spare bytes
+        words = buf[: 8 * ch].view("<u8")
+        radius = torch.empty(half, dtype=torch.float64)
+        u = torch.empty(ch, dtype=torch.float64)
+        z = torch.empty(ch, dtype=torch.float64)
+
+        def uniforms(m: int) -> torch.Tensor:  # next m open uniforms (k + 1/2) / 2^53, as pate.noise
+            self._enc.update_into(zeros[: 8 * m], buf)
+            np.right_shift(words[:m], np.uint64(11), out=words[:m])
+            return u[:m].copy_(torch.from_numpy(words[:m].view(np.int64))).add_(0.5).mul_(1.0 / (1 << 53))
+
+        for s in range(0, half, ch):  # first half of the words: radii sqrt(-2 ln u)·std
+            r = radius[s : s + ch]
+            torch.log(uniforms(r.numel()), out=r).mul_(-2.0).sqrt_().mul_(float(std))
+        for s in range(0, half, ch):  # second half: angles 2πu; cos to out[:half], sin to out[half:]
+            r = radius[s : s + ch]
+            m = r.numel()
+            angle = uniforms(m).mul_(2.0 * math.pi)
+            flat[s : s + m].copy_(torch.cos(angle, out=z[:m]).mul_(r))
+            tail = min(m, n - half - s)  # odd n: the last sine is dropped
+            if tail > 0:
+                flat[half + s : half + s + tail].copy_(torch.sin(angle[:tail], out=z[:tail]).mul_(r[:tail]))
+        return out
 
     def uint32(self, n: int) -> np.ndarray:
         return np.frombuffer(self.bytes(4 * n), dtype="<u4").copy()

@@ -374,6 +374,25 @@ def bench_engine(
         console.print_json(json.dumps(res))
 
 
+@bench_app.command("record-fl")
+def bench_record_fl(
+    rounds: int = typer.Option(2, min=1, help="Rounds on each side (accuracy and ε after them)."),
+    clients: int = typer.Option(100, min=1, help="Clients per round (setting D: 100)."),
+    clip: float = typer.Option(1.0, help="Per-example clipping norm C."),
+    noise_multiplier: float = typer.Option(1.1, help="Noise multiplier σ."),
+    opacus_mode: str = typer.Option("hooks", help="Opacus grad_sample_mode: hooks (Flower's example), functorch, ghost."),
+    threads: int = typer.Option(1, min=1, help="torch threads."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
+) -> None:
+    """Record-level DP-SGD in setting D's clients: dpfl's cohort engine vs a per-client Opacus loop."""
+    from dpfl.bench.record_fl import run_bench
+
+    res = run_bench(rounds=rounds, clients=clients, clip=clip, noise_multiplier=noise_multiplier,
+                    mode=opacus_mode, threads=threads, console=console)
+    if json_out:
+        console.print_json(json.dumps(res))
+
+
 @bench_app.command("cli")
 def bench_cli(
     reps: int = typer.Option(5, min=1, help="Timed runs per command (median, min, max)."),

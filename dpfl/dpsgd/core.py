@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from dpfl.errors import ConfigError, PrivacyError
-from dpfl.pate.noise import gaussian
 from dpfl.rng import CryptoRNG
 
 LOSSES = ("ce", "bce")
@@ -108,7 +107,9 @@ def gaussian_like(tensors: Params, std: float, rng: CryptoRNG) -> Params:
     if not isinstance(rng, CryptoRNG):
         raise PrivacyError(f"DP noise must come from dpfl.rng.CryptoRNG, got {type(rng).__name__}")
     total = sum(t.numel() for t in tensors.values())
-    flat = torch.from_numpy(gaussian(rng, total, std))
+    dtypes = {t.dtype for t in tensors.values()}
+    flat = torch.empty(total, dtype=dtypes.pop() if len(dtypes) == 1 else torch.float64)
+    rng.gaussian_into(flat, float(std))  # = pate.noise.gaussian(rng, total, std), rounded to flat.dtype
     out, i = {}, 0
     for k, t in tensors.items():
         out[k] = flat[i : i + t.numel()].reshape(t.shape).to(device=t.device, dtype=t.dtype)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpfl.dpsgd.core import clipped_grad_sum, gaussian_like
+from dpfl.dpsgd.core import clipped_grad_sum
 from dpfl.engine.cohort import CohortModel, LowRank
 from dpfl.errors import ConfigError
 from dpfl.rng import CryptoRNG
@@ -130,13 +130,14 @@ class Trainer:
         dense = [n for n in params if n not in low_names]
         m1 = {n: torch.zeros_like(params[n]) for n in dense} if use_m1 else None
         m2 = {n: torch.zeros_like(params[n]) for n in dense} if cfg.optimizer == "adam" else None
+        dp_out = None if dp is None else {n: torch.empty_like(params[n]) for n in dense}  # reused every step
         for t in range(batches.shape[1]):
             idx = batches[:, t]
             xb = x[idx]
             if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
                 xb = xb.to(w.dtype)  # compact storage (binary / half-precision features)
             if dp is not None:
-                grads = self._dp_grads({n: params[n] for n in dense}, xb, y[idx], dp, t, sign)
+                grads = self._dp_grads({n: params[n] for n in dense}, xb, y[idx], dp, t, sign, dp_out)
             elif self.cohort.mode == "fx":
                 grads = self.cohort.grads(params, xb, y[idx], sign)
             else:
@@ -173,31 +174,50 @@ class Trainer:
         return d
 
     def _dp_grads(self, params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor, dp: ClientDP,
-                  t: int, sign: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Noisy clipped gradients {name: [k, *shape]} of step t: per-(client, example) gradients by
-        `clipped_grad_sum` vmapped over the clients (in chunks of `dp.chunk` rows), noise per row."""
-        loss = "bce" if self.task == "binary" else "ce"
-        buffers = {n: b.detach() for n, b in self.model.named_buffers()}
-
-        def one(p, xx, yy, mm):
-            return clipped_grad_sum(p, buffers, self.model, xx, yy, clip=dp.clip, loss=loss, mask=mm)
-
+                  t: int, sign: torch.Tensor | None, out: dict[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+        """Noisy clipped gradients {name: [k, *shape]} of step t: the clipped sums of the whole cohort
+        by book-keeping (`CohortModel.clipped_sums`) where the model allows it, else per-(client,
+        example) gradients by `clipped_grad_sum` vmapped over the clients (in chunks of `dp.chunk`
+        rows); then noise per row from the row's own stream."""
         k = xb.shape[0]
-        step = dp.chunk or k
-        parts = [torch.func.vmap(one, randomness="different")(
-            {n: v[s:s + step] for n, v in params.items()}, xb[s:s + step], yb[s:s + step],
-            dp.weight[s:s + step, t]) for s in range(0, k, step)]
-        grads = {n: torch.cat([p[n] for p in parts]) for n in params}
-        if dp.noise_multiplier > 0:
-            for c in range(k):  # each row's own noise stream, in parameter order
-                noise = gaussian_like({n: g[c] for n, g in grads.items()}, dp.noise_multiplier * dp.clip, dp.rngs[c])
-                for n, g in grads.items():
-                    g[c].add_(noise[n])
-        for n, g in grads.items():  # (Σ clipped + noise) / L, as dpsgd.core.noisy_gradient
-            shape = (-1, *[1] * (g.dim() - 1))
-            g.div_(dp.expected.to(g).view(shape))
-            if sign is not None:
-                g.mul_(sign.to(g).view(shape))
+        parts = None
+        step = self.cohort.bookkeeping_rows(xb.shape[1])
+        if step:
+            if out is None or any(out[n].shape != v.shape for n, v in params.items()):
+                out = {n: torch.empty_like(v, memory_format=torch.contiguous_format) for n, v in params.items()}
+            parts = [self.cohort.clipped_sums({n: v[s:s + step] for n, v in params.items()}, xb[s:s + step],
+                                              yb[s:s + step], dp.clip, dp.weight[s:s + step, t],
+                                              out={n: v[s:s + step] for n, v in out.items()})
+                     for s in range(0, k, step)]
+            parts = None if any(p is None for p in parts) else [out]
+        if parts is None:
+            loss = "bce" if self.task == "binary" else "ce"
+            buffers = {n: b.detach() for n, b in self.model.named_buffers()}
+
+            def one(p, xx, yy, mm):
+                return clipped_grad_sum(p, buffers, self.model, xx, yy, clip=dp.clip, loss=loss, mask=mm)
+
+            step = dp.chunk or k
+            parts = [torch.func.vmap(one, randomness="different")(
+                {n: v[s:s + step] for n, v in params.items()}, xb[s:s + step], yb[s:s + step],
+                dp.weight[s:s + step, t]) for s in range(0, k, step)]
+        grads = {n: torch.cat([p[n] for p in parts]) if len(parts) > 1 else parts[0][n] for n in params}
+        dtypes = {g.dtype for g in grads.values()}
+        noise = torch.empty(sum(g[0].numel() for g in grads.values()),
+                            dtype=dtypes.pop() if len(dtypes) == 1 else torch.float64)
+        for c in range(k):  # (Σ clipped + noise from the row's own stream) / L, as dpsgd.core.noisy_gradient
+            if dp.noise_multiplier > 0:  # the values of gaussian_like(row c's grads, σC, rngs[c])
+                dp.rngs[c].gaussian_into(noise, dp.noise_multiplier * dp.clip)
+            i, scale = 0, float(dp.expected[c])
+            for g in grads.values():
+                gc = g[c]
+                if dp.noise_multiplier > 0:
+                    gc.add_(noise[i:i + gc.numel()].view(gc.shape))
+                    i += gc.numel()
+                gc.div_(scale)
+                if sign is not None:
+                    gc.mul_(float(sign[c]))
         return grads
 
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,

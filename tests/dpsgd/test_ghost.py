@@ -147,3 +147,26 @@ def test_uint64_words_are_the_keystream_bytes():
     a, b = Seeds(6).crypto("k"), Seeds(6).crypto("k")
     for n in (1, 7, 1000):
         assert np.array_equal(a.uint64(n), np.frombuffer(b.bytes(8 * n), dtype="<u8"))
+
+
+@pytest.mark.parametrize("chunk", [16, None])
+def test_gaussian_into_is_the_gaussian_sampler_bit_for_bit(chunk, monkeypatch):
+    """The chunked, in-place draw behind DP-SGD's noise gives pate.noise.gaussian's values, rounded to
+    the tensor's dtype, and leaves the stream where gaussian leaves it (chunk edges, odd sizes)."""
+    import dpfl.rng
+
+    if chunk:
+        monkeypatch.setattr(dpfl.rng, "_CHUNK", chunk)
+    sizes = (1, 2, 31, 32, 33, 65, 1001) if chunk else (131_073,)
+    for n in sizes:
+        for std in (0.7, 0.0):
+            for dtype in (torch.float32, torch.float64):
+                a, b = Seeds(7).crypto("g", n), Seeds(7).crypto("g", n)
+                want = torch.from_numpy(gaussian(a, n, std)).to(dtype)
+                got = b.gaussian_into(torch.empty(n, dtype=dtype), std)
+                assert torch.equal(got, want), (n, std, dtype)
+                assert a.bytes(16) == b.bytes(16)
+    with pytest.raises(ValueError):
+        Seeds(7).crypto("g").gaussian_into(torch.empty(4), -1.0)
+    with pytest.raises(ValueError):
+        Seeds(7).crypto("g").gaussian_into(torch.empty(4, 2).t(), 1.0)

@@ -1,6 +1,7 @@
 """Record-level DP-SGD inside the clients (train.dpsgd): accounting, clipping, determinism, config."""
 
 import functools
+import io
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from dpfl.config import load_config
+from dpfl.dpsgd.core import clipped_grad_sum
 from dpfl.engine.simulator import Simulation
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, PrivacyError
@@ -117,6 +119,87 @@ def test_clipped_sum_with_zero_noise_matches_explicit_per_example_gradients():
         c_eff = clip * (1 - 2.0**-12)  # dpsgd.core clips to C(1 − 2⁻¹²): rounding never exceeds C
         total = sum(per[i] * min(1.0, c_eff / float(per[i].norm())) for i in rows)
         assert torch.allclose(u[c], -lr * total / expected[c], atol=1e-6, rtol=1e-4)
+
+
+def _tiny_cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(3, 4, 3, stride=2, bias=False), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)).double()
+
+
+def test_cohort_bookkeeping_noised_update_matches_a_per_example_reference():
+    """The cohort's DP-SGD step (book-keeping, all clients at once) against one autograd call per
+    example: clip each to C(1 − 2⁻¹²), sum the unpadded ones, add N(0, σ²C²) from the client's own
+    stream (pate.noise.gaussian on a fresh copy of it), divide by q·n; 3 clients, 2 steps."""
+    from dpfl.pate.noise import gaussian
+
+    model = _tiny_cnn()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(30, 1, 8, 8, generator=g, dtype=torch.float64) * 2, torch.randint(0, 3, (30,), generator=g)
+    batches = torch.tensor([[[0, 1, 2, 3], [4, 5, 0, 0]], [[10, 11, 12, 0], [13, 14, 15, 16]],
+                            [[20, 0, 0, 0], [21, 22, 23, 24]]])  # [k=3, T=2, M=4]
+    weight = torch.tensor([[[1.0, 1, 1, 1], [1, 1, 0, 0]], [[1, 1, 1, 0], [1, 1, 1, 1]],
+                           [[1, 0, 0, 0], [1, 1, 1, 1]]], dtype=torch.float64)
+    expected, clip, sigma, lr = torch.tensor([3.0, 2.5, 2.0], dtype=torch.float64), 0.5, 0.8, 0.3
+    tr = Trainer(model, "multiclass", LocalTraining(steps=2, batch_size=4, lr=lr))
+    assert tr.cohort.bookkeeping_rows(4) > 0
+    w = tr.flat.flatten(model).double()
+    u = tr.train(w, x, y, batches, dp=ClientDP(clip, sigma, weight, expected,
+                                               [Seeds(4).crypto("n", c) for c in range(3)]))
+    c_eff = clip * (1 - 2.0**-12)
+    for c in range(3):
+        wc, rng = w.clone(), Seeds(4).crypto("n", c)
+        for t in range(2):
+            total = torch.zeros_like(wc)
+            for j in range(4):
+                if weight[c, t, j]:
+                    m = _tiny_cnn()
+                    torch.nn.utils.vector_to_parameters(wc, m.parameters())
+                    i = int(batches[c, t, j])
+                    F.cross_entropy(m(x[i:i + 1]), y[i:i + 1]).backward()
+                    gi = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
+                    total += gi * min(1.0, c_eff / float(gi.norm()))
+            noise = torch.from_numpy(gaussian(rng, wc.numel(), sigma * clip))
+            wc = wc - lr * (total + noise) / expected[c]
+        assert torch.allclose(u[c], wc - w, rtol=1e-9, atol=1e-12), c
+    assert any(abs(float(t)) > 0 for t in u[0])
+
+
+def test_cohort_bookkeeping_equals_the_vmap_path_and_falls_back():
+    """Without noise, the cohort book-keeping sums equal the per-example vmap path (float64), and a
+    model it cannot take (a module run twice) goes to that path with the same result."""
+    model = _tiny_cnn()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(4, 5, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (4, 5), generator=g)
+    wt = (torch.rand(4, 5, generator=g) < 0.7).double()
+    tr = Trainer(model, "multiclass", LocalTraining())
+    params = {n: v.expand(4, *v.shape).clone() for n, v in tr.flat.views(tr.flat.flatten(model).double()).items()}
+    got = tr.cohort.clipped_sums(params, x, y, 0.3, wt)
+    for c in range(4):
+        ref = clipped_grad_sum({n: v[c] for n, v in params.items()}, {}, model, x[c], y[c], clip=0.3, mask=wt[c])
+        for n in ref:
+            assert torch.allclose(got[n][c], ref[n], rtol=1e-10, atol=1e-13), (c, n)
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(5, 5), torch.nn.Linear(5, 3)
+
+        def forward(self, x):
+            return self.b(self.a(self.a(x)))
+
+    torch.manual_seed(0)
+    tw = Trainer(Twice().double(), "multiclass", LocalTraining())
+    p = {n: v.expand(2, *v.shape).clone() for n, v in tw.flat.views(tw.flat.flatten(tw.model).double()).items()}
+    xt, yt = torch.randn(2, 3, 5, dtype=torch.float64), torch.tensor([[0, 1, 2], [2, 2, 1]])
+    assert tw.cohort.bookkeeping_rows(3) > 0 and tw.cohort.clipped_sums(p, xt, yt, 0.2, torch.ones(2, 3)) is None
+    dp = ClientDP(0.2, 0.0, torch.ones(2, 1, 3, dtype=torch.float64), torch.tensor([3.0, 3.0]), [None, None])
+    got = tw._dp_grads(p, xt, yt, dp, 0, None)
+    for c in range(2):
+        ref = clipped_grad_sum({n: v[c] for n, v in p.items()}, {}, tw.model, xt[c], yt[c], clip=0.2)
+        assert all(torch.allclose(got[n][c], ref[n] / 3.0, rtol=1e-12) for n in ref)
 
 
 def test_same_seed_identical_and_resume(tmp_path, tiny_config):
@@ -234,3 +317,40 @@ def test_gradient_correction_scheme_refused(tiny_config):
                      None, log=lambda s: None)
     with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
         sim.step_round()
+
+
+def test_record_fl_bench_runs_both_sides_and_they_account_alike(tmp_path):
+    """`dpfl bench record-fl` on a tiny federation: both sides train the same clients, and Opacus's RDP
+    accountant gives the ε that dpfl's per-client accountant gives (same q, σ, steps)."""
+    pytest.importorskip("opacus")
+    from rich.console import Console
+
+    from dpfl.bench.record_fl import run_bench
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('name = "tiny"\nseed = 3\n[data]\ndataset = "digits"\nn_clients = 20\npartition = "shards"\n'
+                   '[model]\nname = "mlp"\noptions = {in_features = 64, hidden = 16, num_classes = 10}\n'
+                   '[train]\nsteps = 2\nbatch_size = 8\nlr = 0.1\n[federation]\nrounds = 1\nclients_per_round = 4\n')
+    console = Console(file=io.StringIO(), width=200)
+    out = run_bench(rounds=2, clients=4, noise_multiplier=1.3, config=str(cfg), console=console)
+    assert [r["clients"] for r in out["per_round"]] == [4, 4]
+    assert out["dpfl"]["examples_per_s"] > 0 and out["opacus"]["examples_per_s"] > 0
+    assert 0 <= out["opacus"]["accuracy"] <= 1 and 0 <= out["dpfl"]["accuracy"] <= 1
+    for key in ("record_epsilon_max", "record_epsilon_median"):
+        assert out["opacus"][key] == pytest.approx(out["dpfl"][key], rel=0.02), key
+    assert "dpfl / Opacus examples per second" in console.file.getvalue()
+
+
+@pytest.mark.parametrize("eps", [1, 4, 8])
+def test_record_dp_configs_are_setting_d_with_a_record_level_target(eps):
+    from dpfl.experiments.reproduce import configs_root
+
+    got = load_config(configs_root() / "record-dp" / f"setting-d-eps{eps}.toml").model_dump()
+    base = load_config(configs_root() / "settings" / "setting-d-fl-std.toml").model_dump()
+    dp = got["train"].pop("dpsgd")
+    assert dp["target_epsilon"] == eps and dp["delta"] == 1e-5 and dp["noise_multiplier"] is None
+    base["train"].pop("dpsgd")
+    for key in ("name",):
+        got.pop(key), base.pop(key)
+    got["eval"].pop("every"), base["eval"].pop("every"), got["run"].pop("threads"), base["run"].pop("threads")
+    assert got == base
