@@ -16,8 +16,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from dpfl.dpsgd.core import dpsgd_step, gaussian_like
+from dpfl.dpsgd.core import gaussian_like
 from dpfl.dpsgd.ghost import path_for
+from dpfl.dpsgd.step import dpsgd_step
 from dpfl.models import build_model, count_params
 from dpfl.rng import Seeds
 

@@ -91,12 +91,12 @@ def run_bench(rounds: int = 2, clients: int = 100, clip: float = 1.0, noise_mult
                                f"run.threads={threads}", f"eval.every={rounds}", f"train.dpsgd.clip={clip}",
                                f"train.dpsgd.noise_multiplier={noise_multiplier}"])
     sim = Simulation(cfg, None, log=lambda s: None)
-    sim._setup()
+    sim.setup()
     if sim.fed.task != "multiclass":
         raise ValueError("the record-level FL bench runs multiclass tasks (its Opacus side uses cross-entropy)")
     opa = _OpacusFederation(sim, mode, clip, noise_multiplier)
     delta, T, B = cfg.train.dpsgd.delta, sim.local.steps, sim.local.batch_size
-    first = sim._cohort(1)[0][:1]  # untimed warm-up of both sides on one client (imports, kernels)
+    first = sim.select(1)[0][:1]  # untimed warm-up of both sides on one client (imports, kernels)
     batches, dp, _ = sim._dp_round(1, first)
     sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, batches, dp=dp)
     with warnings.catch_warnings():
@@ -106,7 +106,7 @@ def run_bench(rounds: int = 2, clients: int = 100, clip: float = 1.0, noise_mult
     load_before = os.getloadavg()[0]
     rows = []
     for r in range(1, rounds + 1):
-        cohort, _ = sim._cohort(r)
+        cohort, _ = sim.select(r)
         examples = float(T * np.minimum(B, sim.fed.sizes[cohort]).sum())  # expected: Σ_k T·q_k·n_k
         c0 = time.process_time()
         m = sim.step_round()
