@@ -177,6 +177,7 @@ class Simulation:
         self.trainer = Trainer(self.model, self.fed.task, self.local, mode=mode, max_cohort=cfg.run.max_cohort)
         self.flat = self.trainer.flat
         self.w = self.flat.flatten(self.model).to(self.device)
+        self._check_cohort_memory()
         self.ledger = None
         self.record = None  # per-client record-level accountant (train.dpsgd)
         self.record_sigma = self._record_sigma(cfg.federation.rounds)
@@ -301,6 +302,20 @@ class Simulation:
                 "record_epsilon_median": float(np.median(eps)) if eps.size else 0.0,
                 "record_clients_spent": int(spent.size),
                 "record_epsilon_per_client": {str(int(c)): float(e) for c, e in zip(trained, own)}}
+
+    def _check_cohort_memory(self) -> None:
+        """A cohort trained in one piece holds at least one float32 [k, n] tensor. Refuse at start what
+        cannot fit in the memory available (the kernel would kill the run without a word)."""
+        k = self.cfg.data.n_clients if self.scheme.all_clients else self.cfg.cohort_size()
+        if self.cfg.run.max_cohort:
+            k = min(k, self.cfg.run.max_cohort)
+        avail = available_memory() if self.device.type == "cpu" else None
+        need = 4 * k * self.flat.n
+        if avail is not None and need > avail:
+            fit = max(1, avail // (16 * self.flat.n))  # a quarter of what is available per piece
+            raise ConfigError(f"training {k:,} clients at once needs at least {need / 1e9:.1f} GB (a float32 copy "
+                              f"of the {self.flat.n:,} parameters per client) and {avail / 1e9:.1f} GB are "
+                              f"available: split the cohort with --set run.max_cohort={fit}")
 
     # ---- one round ----------------------------------------------------------------
     def select(self, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -616,6 +631,17 @@ def _read_metrics(path: Path) -> list[tuple[str, int]]:
             raise DataError(f"{path}: line {i} is not a metrics record (no integer 'round')")
         out.append((ln, r))
     return out
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable), or None where unknown."""
+    try:
+        for ln in Path("/proc/meminfo").read_text().splitlines():
+            if ln.startswith("MemAvailable:"):
+                return int(ln.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def machine(device: torch.device) -> dict[str, Any]:
