@@ -24,6 +24,8 @@ def recorded_rows(records: Path, table: str) -> list[Path]:
     """Run directories under `records` of `table` (its accountant variants included; "all": every table)."""
     from dpfl.experiments.publish import _dir_name, record_tables
 
+    if not Path(records).is_dir():
+        raise ConfigError(f"{records} is not a directory of run records")
     tables = record_tables(records)
     if table != "all" and table not in tables:
         raise ConfigError(f"{records} holds no records of {table!r}; it has: {', '.join(tables) or 'none'}")
@@ -51,19 +53,25 @@ def rerun(run_dir: Path, rounds: int) -> list[dict[str, Any]]:
         return [_comparable(sim.step_round()) for _ in range(rounds)]
 
 
-def replay_row(run_dir: Path, rounds: int, against: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Rounds 1..`rounds` of the row in `run_dir`, run afresh and compared with its metrics.jsonl (or with
-    `against`: the same rounds as another checkout of dpfl ran them, see `main`)."""
-    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    want = [_comparable(m) for m in (lines if against is None else against)[:rounds]]
-    got = rerun(run_dir, len(want))
+def compare(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[str]:
+    """One line per metric that differs between two runs' metrics lines (wall times ignored)."""
     diffs = []
-    for r, (a, b) in enumerate(zip(want, got), 1):
+    for r, (a, b) in enumerate(zip(map(_comparable, want), got), 1):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
                 diffs.append(f"round {r} {k}: record {a.get(k)!r}, now {b.get(k)!r}")
-    keys = sorted({k for m in want for k in m})
-    return {"dir": str(run_dir), "rounds": len(want), "keys": keys, "diffs": diffs}
+    return diffs
+
+
+def replay_row(run_dir: Path, rounds: int, against: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Rounds 1..`rounds` of the row in `run_dir`, run afresh and compared with its metrics.jsonl (or with
+    `against`: the same rounds as another checkout of dpfl ran them, see `main`)."""
+    from dpfl.experiments.report import load_run
+
+    want = (load_run(run_dir)[1] if against is None else against)[:rounds]
+    got = rerun(run_dir, len(want))
+    keys = sorted({k for m in want for k in _comparable(m)})
+    return {"dir": str(run_dir), "rounds": len(want), "keys": keys, "diffs": compare(want, got), "got": got}
 
 
 def replay(records: Path, table: str, rounds: int, console: Console) -> list[dict[str, Any]]:
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             differ += bool(res["diffs"])
             print(f"{key}: {'same' if not res['diffs'] else res['diffs'][:4]}", flush=True)
         if a.out:
-            saved[key] = rerun(d, a.rounds)
+            saved[key] = res["got"] if before is not None else rerun(d, a.rounds)
             a.out.write_text(json.dumps(saved, indent=1))
             print(f"{key}: saved", flush=True)
     sys.exit(1 if differ else 0)

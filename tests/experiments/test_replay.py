@@ -45,3 +45,5 @@ def test_replay_refuses_a_table_without_records_and_zero_rounds(tmp_path):
         replay(tmp_path, "table-4.4", 1, Console(file=io.StringIO()))
     with pytest.raises(ConfigError, match="at least 1 round"):
         replay(tmp_path, "table-4.1", 0, Console(file=io.StringIO()))
+    with pytest.raises(ConfigError, match="not a directory of run records"):
+        replay(tmp_path / "none", "all", 1, Console(file=io.StringIO()))
