@@ -137,14 +137,20 @@ class Corrupting(Loopback):
         return out
 
 
-def test_a_malformed_masked_input_is_rejected_and_the_round_goes_on_without_it():
+def _one_round_with_a_faulty_node(cls) -> tuple[object, list[str]]:
+    """FL-SIGN-DP, 4 clients, tolerance 1, one round over exchange class `cls`; the coordinator and its log."""
     require_row_contract()
     scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
     data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
-    co, _ = loopback(data, cls=Corrupting)
+    co, _ = loopback(data, cls=cls)
     logs: list[str] = []
     co.log = logs.append
     co.run()
+    return co, logs
+
+
+def test_a_malformed_masked_input_is_rejected_and_the_round_goes_on_without_it():
+    co, logs = _one_round_with_a_faulty_node(Corrupting)
     assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
     assert any("rejected client 3" in line and "value bytes" in line for line in logs), logs
 
@@ -213,13 +219,7 @@ class OddShape(Loopback):
 
 
 def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
-    require_row_contract()
-    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
-    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
-    co, _ = loopback(data, cls=OddShape)
-    logs: list[str] = []
-    co.log = logs.append
-    co.run()
+    co, logs = _one_round_with_a_faulty_node(OddShape)
     assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
     assert any("rejected client 3" in line and "(d, b)" in line for line in logs), logs
 
