@@ -37,7 +37,7 @@ from dpfl.secagg.graph import default_threshold, security_bits
 from dpfl.secagg.prg import default_workers, kernel_in_use
 from dpfl.secagg.protocol import Client, RoundAborted, Server
 from dpfl.secagg.ring import centred_lift, client_bound, encode_int, sign_dp_bits
-from dpfl.secagg.simulate import make_config, secure_sum
+from dpfl.secagg.simulate import exchange_keys, make_config, secure_sum
 
 
 def _timed(fn, *args, **kwargs):
@@ -59,12 +59,7 @@ def _one_client_masking(x: np.ndarray, bits: int, k: int, neighbours: int | None
     cfg = make_config(k, x.size, bits, neighbours=neighbours, rng_seed=seed, round_id=1)
     clients = [Client(u, cfg, Seeds(seed).crypto("bench", u)) for u in range(k)]
     srv = Server(cfg)
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    inbox = srv.close_shares()
+    inbox = exchange_keys(srv, clients)
     t = time.perf_counter()
     clients[0].masked_input(x, inbox[0])
     return time.perf_counter() - t

@@ -165,6 +165,17 @@ def secure_sum(
     return total, stats
 
 
+def exchange_keys(srv: Server, clients: list[Client]) -> dict:
+    """The two key phases with every client honest: each advertises its keys, then shares its
+    secrets with its neighbours; returns the server's inbox of encrypted shares per client."""
+    for c in clients:
+        srv.receive(c.advertise())
+    pub = srv.close_advertise()
+    for c in clients:
+        srv.receive(c.share_keys(pub[c.id]))
+    return srv.close_shares()
+
+
 def make_config(
     k: int,
     d: int,

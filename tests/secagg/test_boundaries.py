@@ -23,7 +23,7 @@ from dpfl.secagg.protocol import (
     UnmaskRequest,
     UnmaskShares,
 )
-from dpfl.secagg.simulate import make_config, secure_sum
+from dpfl.secagg.simulate import exchange_keys, make_config, secure_sum
 
 LOW_ORDER = bytes(32)  # the identity point: every exchange with it is all-zero
 
@@ -225,12 +225,7 @@ def test_different_survivor_lists_cannot_give_both_shares_of_one_client():
     cfg = make_config(k, d, bits, rng_seed=2)  # degree 4, t = 3
     clients = [Client(u, cfg, Seeds(2).crypto("client", u)) for u in range(k)]
     srv = Server(cfg)
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    inbox = srv.close_shares()
+    inbox = exchange_keys(srv, clients)
     for c in clients:
         c.masked_input(np.zeros(d, np.uint32), inbox[c.id])
     got_b, got_s = {}, {}
@@ -297,12 +292,7 @@ def test_masked_input_casts_nothing(x):
     cfg = make_config(3, 4, 22, rng_seed=0)
     clients = [Client(u, cfg, Seeds(0).crypto("client", u)) for u in range(3)]
     srv = Server(cfg)
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    inbox = srv.close_shares()
+    inbox = exchange_keys(srv, clients)
     with pytest.raises(ConfigError, match="input"):
         clients[0].masked_input(x, inbox[0])
     clients[1].masked_input(np.array([0, 1, 2, (1 << 22) - 1]), inbox[1])  # words of any integer type
@@ -344,12 +334,7 @@ def test_signed_round_completes_with_the_consistency_check():
     k, d, bits = 5, 10, 22
     rows = _rows(k, d, bits, seed=8)
     _cfg, clients, srv = _signed_setup(k, d, bits)
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    inbox = srv.close_shares()
+    inbox = exchange_keys(srv, clients)
     for c in clients[:4]:  # client 4 drops after sharing
         srv.receive(c.masked_input(rows[c.id], inbox[c.id]))
     check = srv.close_masked()

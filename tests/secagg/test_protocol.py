@@ -7,7 +7,7 @@ from dpfl.errors import ProtocolError
 from dpfl.rng import Seeds
 from dpfl.secagg import prg, shamir
 from dpfl.secagg.protocol import Client, MaskedInput, RoundAborted, Server, UnmaskRequest, UnmaskShares
-from dpfl.secagg.simulate import make_config, secure_sum
+from dpfl.secagg.simulate import exchange_keys, make_config, secure_sum
 
 
 def _words(k, d, bits, seed=0):
@@ -229,12 +229,7 @@ def test_batch_masking_equals_each_clients_own_masking():
     cfg = make_config(k, d, bits, neighbours=4, rng_seed=seed)
     clients = [Client(u, cfg, Seeds(seed).crypto("secagg", 0, "client", u)) for u in range(k)]
     srv = Server(cfg)
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    inbox = srv.close_shares()
+    inbox = exchange_keys(srv, clients)
     assert sorted(got[1]) == [u for u in range(k) if u != 5]
     for u in got[1]:
         ref = clients[u].masked_input(rows[u], inbox[u]).values

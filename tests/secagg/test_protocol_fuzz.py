@@ -28,7 +28,7 @@ from dpfl.secagg.protocol import (
     UnmaskRequest,
     UnmaskShares,
 )
-from dpfl.secagg.simulate import make_config
+from dpfl.secagg.simulate import exchange_keys, make_config
 
 BITS, D = 16, 6
 PHASES = ("advertise", "share", "masked", "unmask")
@@ -306,12 +306,7 @@ def test_wrong_shares_are_corrected_up_to_the_decoding_bound_else_the_round_abor
     silent = data.draw(st.sets(st.integers(0, k - 1), max_size=1)) - cheaters
     clients = [Client(u, cfg, Seeds(k).crypto("client", u)) for u in range(k)]
     srv = Server(cfg)
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    inbox = srv.close_shares()
+    inbox = exchange_keys(srv, clients)
     x = np.random.default_rng(k).integers(0, 2**BITS, size=(k, D), dtype=np.uint64)
     for c in clients:
         srv.receive(c.masked_input(x[c.id], inbox[c.id]))
