@@ -208,12 +208,13 @@ class Trainer:
                             dtype=dtypes.pop() if len(dtypes) == 1 else torch.float64)
         for c in range(k):  # (Σ clipped + noise from the row's own stream) / L, as dpsgd.core.noisy_gradient
             if dp.noise_multiplier > 0:  # the values of gaussian_like(row c's grads, σC, rngs[c])
-                dp.rngs[c].gaussian_into(noise, dp.noise_multiplier * dp.clip)
+                dp.rngs[c].gaussian_into(noise, dp.noise_multiplier * dp.clip)  # drawn on the CPU
+            on_device = noise.to(xb.device)
             i, scale = 0, float(dp.expected[c])
             for g in grads.values():
                 gc = g[c]
                 if dp.noise_multiplier > 0:
-                    gc.add_(noise[i:i + gc.numel()].view(gc.shape))
+                    gc.add_(on_device[i:i + gc.numel()].view(gc.shape))
                     i += gc.numel()
                 gc.div_(scale)
                 if sign is not None:

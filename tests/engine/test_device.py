@@ -33,12 +33,12 @@ def test_secure_sum_hands_the_aggregate_over_on_the_rounds_device(encoding, rows
     assert on_cpu.tolist() == ([1.0] * 3 if encoding == "fixed" else [8] * 3)
 
 
-def _run(tmp_path, device: str, scheme: str, **opts) -> tuple[Simulation, list[dict]]:
+def _run(tmp_path, device: str, scheme: str, dpsgd: dict | None = None, **opts) -> tuple[Simulation, list[dict]]:
     cfg = load_config(data={
         "name": "device", "seed": 5,
         "data": {"dataset": "digits", "n_clients": 30},
         "federation": {"rounds": 2, "clients_per_round": 6},
-        "train": {"steps": 2, "batch_size": 10, "lr": 0.1},
+        "train": {"steps": 2, "batch_size": 10, "lr": 0.1, **({"dpsgd": dpsgd} if dpsgd else {})},
         "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 16}},
         "scheme": {"name": scheme, "options": opts},
         "privacy": {"accountant": "rdp", "delta": 1e-5, "sampling_assumption": "poisson"}, "eval": {"every": 1},
@@ -71,6 +71,17 @@ def test_a_run_on_cuda_stays_there_and_matches_the_cpu_run(tmp_path, scheme, opt
     assert ("step_secagg_bits" in on_gpu[0]) == bool(opts.get("secure_aggregation"))
     _, on_cpu = _run(tmp_path, "cpu", scheme, **opts)
     _same_round_up_to_float_rounding(on_gpu, on_cpu)
+
+
+@cuda
+def test_record_level_dpsgd_on_cuda_matches_the_cpu_run(tmp_path):
+    dpsgd = {"clip": 1.0, "noise_multiplier": 1.1, "delta": 1e-5}
+    sim, on_gpu = _run(tmp_path, "cuda", "fl-std", dpsgd=dpsgd)
+    assert sim.w.device.type == "cuda"
+    _, on_cpu = _run(tmp_path, "cpu", "fl-std", dpsgd=dpsgd)
+    _same_round_up_to_float_rounding(on_gpu, on_cpu)
+    for key in ("record_epsilon_max", "record_epsilon_median", "record_epsilon_per_client"):
+        assert [r[key] for r in on_gpu] == [r[key] for r in on_cpu], key
 
 
 @cuda
