@@ -179,6 +179,8 @@ def _timing(e: dict) -> str:
     if machine:
         t = machine.get("threads")
         text += f", {machine.get('cpu', '?')}" + (f", {t} thread{'s' if t != 1 else ''}" if t else "")
+        if machine.get("gpu"):
+            text += f", {machine['gpu']}"
     return text
 
 
