@@ -12,7 +12,6 @@ import sys
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from dpfl.errors import DpflError
 from dpfl.privacy.calibration import calibrate_sigma, epsilon_for, epsilon_without_replacement
@@ -51,6 +50,8 @@ def _emit(kind: str, value_key: str, values: dict[str, float | None], params: di
                 out["unsupported"] = unsupported
         print(json.dumps(out))
         return
+    from rich.table import Table  # here: --json needs no table
+
     console = Console()
     # the parameters on a line of their own: as the table's title they wrapped to its narrow width
     console.print(f"{kind} for " + ", ".join(f"{k} = {v:g}" if isinstance(v, float | int) else f"{k} = {v}"

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from scipy import special
-
 from dpfl.errors import PrivacyError
 from dpfl.privacy import rdp as R
 from dpfl.privacy.events import (
@@ -208,8 +206,10 @@ def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1
         or epsilon < 0
     ):
         raise PrivacyError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
-    l1 = special.log_ndtr(d / (2 * s) - epsilon * s / d)
-    l2 = epsilon + special.log_ndtr(-d / (2 * s) - epsilon * s / d)
+    from scipy.special import log_ndtr  # here: see dpfl.privacy.rdp
+
+    l1 = log_ndtr(d / (2 * s) - epsilon * s / d)
+    l2 = epsilon + log_ndtr(-d / (2 * s) - epsilon * s / d)
     return max(0.0, float(math.exp(l1) * -math.expm1(l2 - l1)))
 
 

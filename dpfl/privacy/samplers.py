@@ -22,7 +22,6 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-from scipy import special
 
 from dpfl.errors import PrivacyError
 from dpfl.rng import CryptoRNG
@@ -280,9 +279,11 @@ def _support(name: str, K: int) -> int:
 
 @lru_cache(maxsize=16)
 def _gaussian_table(sigma: float) -> _Table:
+    from scipy.special import log_ndtr  # here: see dpfl.privacy.rdp
+
     s = Fraction(sigma)
     # tail: P(|X| > K) <= 2 sum_{x>K} e^{-x^2/2s^2} / Z <= 2 sqrt(2 pi) sigma Phi(-K/sigma), Z >= 1
-    log_tail = lambda K: math.log(2 * math.sqrt(2 * math.pi) * sigma) + special.log_ndtr(-K / sigma)
+    log_tail = lambda K: math.log(2 * math.sqrt(2 * math.pi) * sigma) + log_ndtr(-K / sigma)
     K = max(1, math.ceil(sigma * math.sqrt(-2 * _TAIL_LOG2 * math.log(2))) - 2)
     while log_tail(K) > _TAIL_LOG2 * math.log(2):
         K += 1

@@ -24,7 +24,7 @@ for args in {commands!r}:
     except SystemExit as e:
         code = e.code
     heavy = sorted(m for m in ("torch", "dpfl.cli.privacy", "dpfl.data", "dpfl.schemes.registry", "dp_accounting",
-                               "scipy.stats")
+                               "numpy", "scipy.special", "scipy.optimize", "scipy.stats")
                    if m in sys.modules)
     out.append([args, code, heavy])
 print(json.dumps(out))
@@ -32,15 +32,21 @@ print(json.dumps(out))
 
 
 def test_quick_commands_do_not_import_torch():
-    commands = [["--help"], ["schemes"],
-                ["privacy", "epsilon", "--sigma", "1", "--q", "0.01", "--steps", "100"]]  # default: rdp
+    eps = ["privacy", "epsilon", "--sigma", "1", "--steps", "100"]
+    # in this order, each row lists what the commands so far have imported
+    commands = [["--help"], ["schemes"], [*eps, "--q", "1", "--json"], [*eps, "--q", "0.01"]]  # default: rdp
     p = subprocess.run([sys.executable, "-c", _SCRIPT.format(commands=commands)], cwd=ROOT, capture_output=True,
                        text=True, check=False)
     assert p.returncode == 0, p.stderr
-    (help_, schemes, epsilon) = json.loads(p.stdout.strip().splitlines()[-1])
+    (help_, schemes, unsampled, epsilon) = json.loads(p.stdout.strip().splitlines()[-1])
     assert help_ == [["--help"], 0, []]  # listed, not imported
     assert schemes == [["schemes"], 0, []]  # from dpfl.schemes.index, not the registry
-    assert epsilon[1:] == [0, ["dpfl.cli.privacy"]]  # neither dp-accounting nor scipy.stats (~2 s of imports)
+    # the privacy package imports no scipy, and the plain Gaussian's curve needs none
+    assert unsampled[1:] == [0, ["dpfl.cli.privacy", "numpy"]]
+    # the subsampled curve takes gammaln and log_ndtr from scipy.special (its bits are the recorded epsilons'),
+    # but neither dp-accounting, scipy.optimize nor scipy.stats (~2 s of imports), nor torch
+    assert epsilon[1:] == [0, ["dpfl.cli.privacy", "numpy", "scipy.special"]]
+    assert '"epsilon": 96.0885' in p.stdout  # q 1: the plain Gaussian's epsilon was computed
     assert "1.2141" in p.stdout  # it did compute epsilon (rdp, sigma 1, q 0.01, 100 steps)
 
 
