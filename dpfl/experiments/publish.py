@@ -281,7 +281,8 @@ def scoreboard_block(records: Path) -> str:
     from dpfl.experiments.reproduce import table_rows
 
     head = ["table", "rows", "full-length record", "within ±0.03", "above thesis", "more than 0.03 below",
-            "no Δ (no thesis number or other dataset)", "PLD σ − moments σ (rows, mean)"]
+            "no Δ (no thesis number or other dataset)", "PLD-σ record (within ±0.03, above)",
+            "PLD σ − moments σ (rows, mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tables = record_tables(records)
     for table in SCORED:
@@ -294,9 +295,11 @@ def scoreboard_block(records: Path) -> str:
         gains = [pld[r]["measured"] - base[r]["measured"] for r in pld if r in base
                  and None not in (pld[r]["measured"], base[r]["measured"])]
         gain = f"{len(gains)}, {sum(gains) / len(gains):+.4f}" if gains else "—"
+        pld_d = [e["delta"] for e in pld.values() if e["delta"] is not None]
+        pld_text = f"{len(pld)} ({sum(abs(d) <= 0.03 for d in pld_d)}, {sum(d > 0 for d in pld_d)})" if pld else "—"
         lines.append(f"| {table} | {len(rows)} | {len(base)} | {sum(abs(d) <= 0.03 for d in deltas)} | "
                      f"{sum(d > 0 for d in deltas)} | {sum(d < -0.03 for d in deltas)} | "
-                     f"{len(base) - len(deltas)} | {gain} |")
+                     f"{len(base) - len(deltas)} | {pld_text} | {gain} |")
     return "\n".join(lines)
 
 
