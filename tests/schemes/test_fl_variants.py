@@ -280,7 +280,7 @@ def test_per_client_start_mask_and_hook_agree_across_engine_paths():
     offset = torch.randn(k, n) * 0.1
     calls = []
 
-    def hook(t, rows, idx, params, grads):
+    def hook(t, rows, xb, yb, params, grads):
         calls.append((t, rows.start, rows.stop))
         for name, g in grads.items():
             g.add_(tr.flat.views(offset)[name][rows])
