@@ -29,7 +29,7 @@ from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext, Step
 from dpfl.schemes.registry import Scheme, build_scheme
-from dpfl.schemes.round import Accounting, batch_plan, empty_totals, local_plan, run_round
+from dpfl.schemes.round import Accounting, batch_plan, check_dpsgd, empty_totals, local_plan, run_round
 from dpfl.schemes.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
 
 CHECKPOINT = "checkpoint.pt"
@@ -252,9 +252,7 @@ class Simulation:
         dp = self.cfg.train.dpsgd
         if dp is None:
             return None
-        if self.scheme.full_batch:
-            raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it trains on "
-                              "each client's full data in one batch, not on sampled batches")
+        check_dpsgd(self.scheme)
         if dp.noise_multiplier is not None:
             return float(dp.noise_multiplier)
         from dpfl.privacy.calibration import calibrate_sigma

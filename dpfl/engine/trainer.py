@@ -55,8 +55,9 @@ GradHook = Callable[[int, slice, torch.Tensor, torch.Tensor, dict, dict], None]
 """``grad_hook(t, rows, xb, yb, params, grads)``: called once per local step t with the cohort rows
 being trained (`rows`, a slice of the full cohort: the trainer may split a cohort into chunks),
 their batch's inputs `xb` [k', B, ...] and labels `yb` [k', B], the current parameters
-``{name: [k', *shape]}`` and the loss gradients ``{name: [k', *shape]}``, which it may change in place (per-client gradient corrections:
-FedDyn's linear term, SVRG's control variate, per-client step sizes). Not called on the default
+``{name: [k', *shape]}`` and the loss gradients ``{name: [k', *shape]}``, which it may change in
+place (per-client gradient corrections: FedDyn's linear term, SVRG's control variate, per-client
+step sizes). Not called on the default
 path; when given, the low-rank fast path is off (every parameter is dense)."""
 
 

@@ -244,10 +244,9 @@ class Coordinator:
                 payloads.append(got[0])
                 dims.add(got[1])
                 reports.append(got[2])
-        if payloads:
-            self.keep(ctx, answered)
         if not payloads:
             raise RoundAborted(f"round {ctx.round}: no client answered")
+        self.keep(ctx, answered)
         if len(dims) != 1:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
         self.hand_reports(ctx, reports)

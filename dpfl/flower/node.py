@@ -29,7 +29,7 @@ from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolErr
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
-from dpfl.schemes.round import client_chain, local_plan, statistic_step
+from dpfl.schemes.round import check_dpsgd, client_chain, local_plan, statistic_step
 from dpfl.schemes.sampling import local_positions, poisson_positions
 from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
@@ -229,6 +229,8 @@ class LocalClient:
         model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
         self.n = sum(p.numel() for p in model.parameters())
         self.scheme = build_run_scheme(cfg, self.n)
+        if cfg.train.dpsgd is not None:  # the client's own check, before it sends anything
+            check_dpsgd(self.scheme)
         tc = cfg.train.model_dump(exclude={"dpsgd"})
         tc.update(self.scheme.train_overrides)
         self.trainer = Trainer(model, task, LocalTraining(**tc), mode="auto", max_cohort=cfg.run.max_cohort)

@@ -122,6 +122,18 @@ def statistic_step(scheme: Scheme) -> Step | None:
     return steps[0] if steps else None
 
 
+def check_dpsgd(scheme: Scheme) -> None:
+    """train.dpsgd (clipped, noised gradients on sampled batches) protects nothing in a scheme that
+    trains on full batches or whose clients first send a statistic of their raw data: ConfigError."""
+    if scheme.full_batch:
+        raise ConfigError(f"train.dpsgd does not combine with scheme {scheme.name!r}: it trains on "
+                          "each client's full data in one batch, not on sampled batches")
+    step = statistic_step(scheme)
+    if step is not None:
+        raise ConfigError(f"train.dpsgd does not combine with scheme {scheme.name!r}: its clients first send "
+                          f"a statistic of their data without DP-SGD noise ({step.name}'s round statistic)")
+
+
 Gather = Callable[[Step, RoundContext], torch.Tensor]
 """``gather(step, ctx)``: the answering clients' rows of `step`'s statistic, float32 [k, n] in
 ``ctx.cohort`` order (in process: `Step.client_statistic`; over Flower: an exchange, after which
