@@ -27,9 +27,9 @@ from dpfl.engine.evaluate import evaluate
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError
 from dpfl.rng import Seeds
-from dpfl.schemes.base import RoundContext, SetupContext
+from dpfl.schemes.base import RoundContext, SetupContext, Step
 from dpfl.schemes.registry import Scheme, build_scheme
-from dpfl.schemes.round import Accounting, batch_plan, empty_totals, local_plan, run_round
+from dpfl.schemes.round import Accounting, batch_plan, check_dpsgd, empty_totals, local_plan, run_round
 from dpfl.schemes.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
 
 CHECKPOINT = "checkpoint.pt"
@@ -252,9 +252,7 @@ class Simulation:
         dp = self.cfg.train.dpsgd
         if dp is None:
             return None
-        if self.scheme.full_batch:
-            raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it trains on "
-                              "each client's full data in one batch, not on sampled batches")
+        check_dpsgd(self.scheme)
         if dp.noise_multiplier is not None:
             return float(dp.noise_multiplier)
         from dpfl.privacy.calibration import calibrate_sigma
@@ -354,19 +352,26 @@ class Simulation:
             hook = plan.grad_hook
         dp = None
         if self.record is not None:
-            if plan is not None and (plan.batches is not None or plan.grad_hook is not None):
+            if hook is not None:
                 raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it sets "
-                                  "its own local batches or gradient corrections, which would bypass DP-SGD")
+                                  "its own gradient corrections, which would bypass DP-SGD")
             batches, dp, _ = self._dp_round(ctx.round, ctx.cohort)
         else:
-            batches = plan.batches if plan is not None and plan.batches is not None else \
-                self.batches(ctx.round, ctx.cohort)
+            batches = self.batches(ctx.round, ctx.cohort)
         torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
         train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
         u = train(w, self.fed.x, self.fed.y, batches, mask, grad_hook=hook, dp=dp)
         if self.attack is not None:
             u = self.attack.tamper(self.attack.train(self, ctx, u), ctx)
         return u
+
+    def client_statistics(self, step: Step, ctx: RoundContext) -> torch.Tensor:
+        """The answering clients' rows of `step`'s round statistic [k, n] (`Step.client_statistic`),
+        one client at a time under the sequential engine, as a deployed client computes its own."""
+        rows = [self.fed.clients[c] for c in ctx.cohort]
+        if self.cfg.run.engine == "vectorized":
+            return step.client_statistic(ctx, self.fed.x, self.fed.y, rows)
+        return torch.cat([step.client_statistic(ctx, self.fed.x, self.fed.y, [r]) for r in rows])
 
     def accounting(self) -> Accounting:
         p = self.cfg.privacy
@@ -397,6 +402,7 @@ class Simulation:
         out = run_round(self.scheme, ctx, self.accounting(), train=train,
                         send=lambda u, ctx: self.scheme.transport.transmit(u, ctx),
                         after_chain=None if self.attack is None else self.attack.after_chain,
+                        gather=self.client_statistics,
                         totals=self.cum, n_clients=self.cfg.data.n_clients, sampling_rate=self.cfg.sampling_rate(),
                         extra=extra)
         if out.delta is not None:

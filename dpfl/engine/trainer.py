@@ -51,12 +51,13 @@ class ClientDP:
                         self.rngs[rows], self.chunk)
 
 
-GradHook = Callable[[int, slice, torch.Tensor, dict, dict], None]
-"""``grad_hook(t, rows, idx, params, grads)``: called once per local step t with the cohort rows
+GradHook = Callable[[int, slice, torch.Tensor, torch.Tensor, dict, dict], None]
+"""``grad_hook(t, rows, xb, yb, params, grads)``: called once per local step t with the cohort rows
 being trained (`rows`, a slice of the full cohort: the trainer may split a cohort into chunks),
-their batch indices `idx` [k', B], the current parameters ``{name: [k', *shape]}`` and the loss
-gradients ``{name: [k', *shape]}``, which it may change in place (per-client gradient corrections:
-FedDyn's linear term, SVRG's control variate, per-client step sizes). Not called on the default
+their batch's inputs `xb` [k', B, ...] and labels `yb` [k', B], the current parameters
+``{name: [k', *shape]}`` and the loss gradients ``{name: [k', *shape]}``, which it may change in
+place (per-client gradient corrections: FedDyn's linear term, SVRG's control variate, per-client
+step sizes). Not called on the default
 path; when given, the low-rank fast path is off (every parameter is dense)."""
 
 
@@ -84,7 +85,7 @@ class Trainer:
         `mask` bool [n], or [k, n] per client: only these coordinates move (the others stay at
         their start: Top-K reset rule, pruned sub-networks);
         `sign` [k]: +1 for descent, −1 for gradient ascent (attacks);
-        `grad_hook(t, rows, idx, params, grads)`: optional per-client change of each step's loss
+        `grad_hook(t, rows, xb, yb, params, grads)`: optional per-client change of each step's loss
         gradient, in place, before weight decay / prox / mask / optimizer (see `GradHook`);
         `dp`: DP-SGD local steps (record-level DP, see `ClientDP`; `batches` is then [k, T, B_max]).
         """
@@ -133,18 +134,18 @@ class Trainer:
         dp_out = None if dp is None else {n: torch.empty_like(params[n]) for n in dense}  # reused every step
         for t in range(batches.shape[1]):
             idx = batches[:, t]
-            xb = x[idx]
+            xb, yb = x[idx], y[idx]
             if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
                 xb = xb.to(w.dtype)  # compact storage (binary / half-precision features)
             if dp is not None:
-                grads = self._dp_grads({n: params[n] for n in dense}, xb, y[idx], dp, t, sign, dp_out)
+                grads = self._dp_grads({n: params[n] for n in dense}, xb, yb, dp, t, sign, dp_out)
             elif self.cohort.mode == "fx":
-                grads = self.cohort.grads(params, xb, y[idx], sign)
+                grads = self.cohort.grads(params, xb, yb, sign)
             else:
                 stacked = torch.cat([params[n].reshape(k, -1) for n in dense], 1)
-                grads = dict(zip(dense, self.cohort.client_grad_parts(stacked, xb, y[idx], sign)))
+                grads = dict(zip(dense, self.cohort.client_grad_parts(stacked, xb, yb, sign)))
             if grad_hook is not None:
-                grad_hook(t, rows, idx, params, grads)
+                grad_hook(t, rows, xb, yb, params, grads)
             for n in dense:
                 q, g = params[n], grads[n]
                 if cfg.weight_decay:

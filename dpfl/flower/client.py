@@ -4,6 +4,9 @@ Message types (content records in `wire`):
 
     query              hello: client id, data size, the scheme it built; for secure schemes also
                        its two X25519 public keys of every round (advertised ahead of time)
+    train.statistic    schemes whose step needs a round statistic first (FSVRG): the client's row
+                       of it (its full local gradient); the server's combination of the rows
+                       then comes with the training message, checked (finite float32 [n])
     train              a plain round: train, client chain, codec payload
     train.sa_train     secure sum, phase 1: train, client chain, encode in Z_(2^b) (kept on the
                        node); Shamir shares of the round's mask key and self-mask seed,
@@ -96,10 +99,17 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
     import torch
 
     from dpfl.flower.node import record_spend
+    from dpfl.schemes.round import statistic_step
 
     c = local_client(node_config, run_config)
     plan = wire.RoundPlan.from_record(content[wire.PLAN])
     w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
+    stat = None
+    if statistic_step(c.scheme) is not None:  # before anything is spent or changed on the node
+        stat = torch.from_numpy(wire.read_statistic(content, c.n).copy()).to(c.device)
+    elif wire.STATISTIC in content:
+        raise ProtocolError(f"round {plan.round}: the server sent a round statistic, scheme {c.scheme.name!r} "
+                            "uses none")
     if c.cfg.train.dpsgd is not None:  # the client's own record-level budget, spent before it trains
         steps = {float(q): int(s) for q, s in state[RECORD].items()} if RECORD in state else {}
         steps, eps = record_spend(c.cfg, steps, min(1.0, plan.batch / c.size), plan.steps)
@@ -107,10 +117,20 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
         log.info("client %d: record-level ε = %.4g after round %d", c.cid, eps, plan.round)
     if c.scheme.client_state and CLIENT_STATE in state:
         c.load_client_state({k: a.numpy() for k, a in state[CLIENT_STATE].items()})
-    u, ctx = c.update(plan, w)
+    u, ctx = c.update(plan, w, stat)
     if c.scheme.client_state:
         state[CLIENT_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in c.client_state().items()})
     return c, plan, u, ctx
+
+
+def statistic(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    import torch
+
+    c = local_client(node_config, run_config)
+    plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
+    row = c.statistic(plan, w)
+    return RecordDict({wire.STATISTIC: wire.vector_record(row.detach().cpu().numpy())})
 
 
 def train_plain(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
@@ -211,6 +231,7 @@ def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_
 Handler = Callable[[RecordDict, RecordDict, Mapping, Mapping], RecordDict]
 HANDLERS: dict[str, Handler] = {
     "query": hello,
+    "train.statistic": statistic,
     "train": train_plain,
     "train.sa_train": sa_train,
     "train.sa_mask": sa_mask,
@@ -230,6 +251,11 @@ def _answer(kind: str, msg: Message, context: Context) -> Message:
 @app.query()
 def _hello(msg: Message, context: Context) -> Message:
     return _answer("query", msg, context)
+
+
+@app.train("statistic")
+def _statistic(msg: Message, context: Context) -> Message:
+    return _answer("train.statistic", msg, context)
 
 
 @app.train()

@@ -5,6 +5,8 @@ the client work done remotely.
 drives the same round as the simulator, with `send` reaching the clients by messages:
 
     selection (the simulator's) → run_round: privacy events and budget check
+    → gather (schemes whose step needs a round statistic, FSVRG): "train.statistic" → each
+            client's row → the step's combination (in run_round), sent with the training message
     → send, plain:  "train" → each client's codec payload → codec.decode → Received(rows)
             secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask" → "train.sa_unmask"
                     → `secagg.protocol.Server.finish` → Received(sum); the round's public keys were
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from dpfl.config import RunConfig
 from dpfl.engine.evaluate import evaluate
@@ -39,7 +41,7 @@ from dpfl.engine.simulator import METRICS, SUMMARY, Simulation
 from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import wire
 from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg
-from dpfl.schemes.base import Received, RoundContext
+from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, empty_totals, run_round
 from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
@@ -148,7 +150,13 @@ class Coordinator:
             finally:
                 extra["flower_up_bytes"], extra["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
 
-        out = run_round(self.scheme, ctx, sim.accounting(), train=train, send=send, totals=self.cum,
+        def gather(step: Step, ctx: RoundContext) -> torch.Tensor:
+            try:
+                return self.statistic_rows(ctx)
+            finally:
+                extra["flower_up_bytes"], extra["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
+
+        out = run_round(self.scheme, ctx, sim.accounting(), train=train, send=send, gather=gather, totals=self.cum,
                         n_clients=cfg.data.n_clients, sampling_rate=cfg.sampling_rate(), extra=extra)
         m = out.metrics
         if out.delta is not None:
@@ -193,9 +201,37 @@ class Coordinator:
             self.log(f"round {r}: rejected client {cid}: {e}")
             return None
 
-    def plain(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
+    def keep(self, ctx: RoundContext, answered: list[bool]) -> None:
+        """The clients that answered stay in the round (the aggregator's weights follow them)."""
+        if not all(answered):
+            keep = np.array(answered)
+            ctx.cohort, ctx.weights = ctx.cohort[keep], ctx.weights[torch.from_numpy(keep).to(ctx.weights.device)]
+
+    def statistic_rows(self, ctx: RoundContext) -> torch.Tensor:
+        """The first exchange of a scheme that needs a round statistic: each client's row [k, n]
+        (clients that do not answer, or answer malformed rows, leave the round)."""
+        cohort, n = ctx.cohort, self.sim.flat.n
         model = wire.vector_record(self.sim.w.detach().cpu().numpy())
         contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), wire.MODEL: model})
+                    for i, c in enumerate(cohort)}
+        replies = self.send("train.statistic", contents)
+        rows = [self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
+                          lambda m: wire.read_vector(m, n, wire.STATISTIC)) for c in cohort]
+        if all(r is None for r in rows):
+            raise RoundAborted(f"round {ctx.round}: no client sent its statistic row")
+        self.keep(ctx, [r is not None for r in rows])
+        return torch.from_numpy(np.stack([r for r in rows if r is not None])).to(self.sim.device)
+
+    def models(self, ctx: RoundContext) -> dict[str, ArrayRecord]:
+        """What every client of the round trains from: the model, and the round statistic if any."""
+        out = {wire.MODEL: wire.vector_record(self.sim.w.detach().cpu().numpy())}
+        if ctx.statistic is not None:
+            out[wire.STATISTIC] = wire.vector_record(ctx.statistic.detach().cpu().numpy())
+        return out
+
+    def plain(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
+        models = self.models(ctx)
+        contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), **models})
                     for i, c in enumerate(cohort)}
         replies = self.send("train", contents)
         codec = self.scheme.transport.codec
@@ -208,11 +244,9 @@ class Coordinator:
                 payloads.append(got[0])
                 dims.add(got[1])
                 reports.append(got[2])
-        if payloads and not all(answered):  # the aggregator's weights: the clients that answered
-            keep = np.array(answered)
-            ctx.cohort, ctx.weights = ctx.cohort[keep], ctx.weights[torch.from_numpy(keep).to(ctx.weights.device)]
         if not payloads:
             raise RoundAborted(f"round {ctx.round}: no client answered")
+        self.keep(ctx, answered)
         if len(dims) != 1:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
         self.hand_reports(ctx, reports)
@@ -254,7 +288,7 @@ class Coordinator:
                 adv[i] = AdvertiseKeys(i, r, *keys)
             except ProtocolError as e:
                 self.log(f"round {r}: rejected client {int(c)}: {e}")
-        model = wire.vector_record(self.sim.w.detach().cpu().numpy())
+        models = self.models(ctx)
 
         def contents(ids, extra: Callable[[int], dict]) -> dict[int, RecordDict]:
             return {node_at[i]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i, sec), **extra(i)}) for i in ids}
@@ -262,7 +296,7 @@ class Coordinator:
         # phase 1: train, encode, share keys with the neighbours (keys advertised in the hello)
         neighbour_keys = {i: {v: (adv[v].enc_pk, adv[v].mask_pk) for v in graph[i] if v in adv} for i in adv}
         replies = self.send("train.sa_train", contents(sorted(adv), lambda i: {
-            wire.MODEL: model, "keys": wire.keys_record(neighbour_keys[i])}))
+            **models, "keys": wire.keys_record(neighbour_keys[i])}))
         got = {}
         for i in sorted(adv):
             parsed = self.read(r, int(cohort[i]), replies.get(node_at[i]),

@@ -29,7 +29,7 @@ from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolErr
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
-from dpfl.schemes.round import client_chain, local_plan
+from dpfl.schemes.round import check_dpsgd, client_chain, local_plan, statistic_step
 from dpfl.schemes.sampling import local_positions, poisson_positions
 from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
@@ -63,10 +63,6 @@ def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
         from dpfl.schemes.aggregators import build_aggregator
 
         scheme.aggregator = build_aggregator(cfg.scheme.aggregator, dict(cfg.scheme.aggregator_options), env)
-    notes = [f"{s.name}: {s.deploy_note}" for s in scheme.steps if s.deploy_note]
-    if notes:
-        raise ConfigError(f"scheme {cfg.scheme.name!r} cannot run over Flower yet ({'; '.join(notes)}); "
-                          "run it with the simulator")
     return scheme
 
 
@@ -233,6 +229,8 @@ class LocalClient:
         model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
         self.n = sum(p.numel() for p in model.parameters())
         self.scheme = build_run_scheme(cfg, self.n)
+        if cfg.train.dpsgd is not None:  # the client's own check, before it sends anything
+            check_dpsgd(self.scheme)
         tc = cfg.train.model_dump(exclude={"dpsgd"})
         tc.update(self.scheme.train_overrides)
         self.trainer = Trainer(model, task, LocalTraining(**tc), mode="auto", max_cohort=cfg.run.max_cohort)
@@ -262,16 +260,26 @@ class LocalClient:
         ctx.answering = plan.answering  # k: the rows of the sum (proposed RoundContext field, see docs)
         return ctx
 
-    def update(self, plan: Any, w: torch.Tensor) -> tuple[torch.Tensor, RoundContext]:
-        """Local training and the client chain for this round (`dpfl.schemes.round`): the row [1, d']."""
+    def statistic(self, plan: Any, w: torch.Tensor) -> torch.Tensor:
+        """This client's row of the round statistic its scheme needs before training
+        (`Step.client_statistic`, on all its data: FSVRG's ∇f_k(w_t)), float32 [n]."""
+        self.check_plan(plan)
+        step = statistic_step(self.scheme)
+        if step is None:
+            raise ProtocolError(f"client {self.cid}: the server asks for a round statistic, scheme "
+                                f"{self.scheme.name!r} has none")
+        return step.client_statistic(self.context(plan, w), self.x, self.y, [np.arange(self.size)])[0]
+
+    def update(self, plan: Any, w: torch.Tensor, statistic: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, RoundContext]:
+        """Local training and the client chain for this round (`dpfl.schemes.round`): the row [1, d'].
+        `statistic`: the round statistic from the server, for a scheme that needs one."""
         self.check_plan(plan)
         ctx = self.context(plan, w)
+        ctx.statistic = statistic
         mask, cplan = local_plan(self.scheme, ctx)
         start, hook = w, None
         if cplan is not None:
-            if cplan.batches is not None:
-                raise ConfigError(f"scheme {self.scheme.name!r} sets its own local batches, which a deployed "
-                                  "client does not take from the server")
             start = w if cplan.start is None else cplan.start
             hook = cplan.grad_hook
         dp = None

@@ -30,6 +30,7 @@ from dpfl.secagg.ring import word_dtype
 PLAN = "plan"
 MODEL = "model"
 PAYLOAD = "payload"
+STATISTIC = "statistic"  # a client's row of the round statistic, or the server's statistic it trains with
 SECAGG = "secagg"
 REPLY = "reply"
 
@@ -150,13 +151,23 @@ def vector_record(w: np.ndarray) -> ArrayRecord:
     return ArrayRecord({"w": Array(np.ascontiguousarray(w))})
 
 
-def read_vector(content: RecordDict, n: int) -> np.ndarray:
-    rec = _record(content, MODEL, "model")
+def read_vector(content: RecordDict, n: int, name: str = MODEL) -> np.ndarray:
+    """The float32 [n] vector in record `name` (the model, or a round statistic)."""
+    rec = _record(content, name, name)
     if "w" not in rec:
-        raise ProtocolError("model: array 'w' is missing")
+        raise ProtocolError(f"{name}: array 'w' is missing")
     w = rec["w"].numpy()
     if w.dtype != np.float32 or w.shape != (n,):
-        raise ProtocolError(f"model: expected float32 [{n}], got {w.dtype} {list(w.shape)}")
+        raise ProtocolError(f"{name}: expected float32 [{n}], got {w.dtype} {list(w.shape)}")
+    return w
+
+
+def read_statistic(content: RecordDict, n: int) -> np.ndarray:
+    """The round statistic a client trains with (`Step.round_statistic`): finite float32 [n]."""
+    w = read_vector(content, n, STATISTIC)
+    bad = int((~np.isfinite(w)).sum())
+    if bad:
+        raise ProtocolError(f"{STATISTIC}: {bad} of its {n} values are NaN or infinite")
     return w
 
 

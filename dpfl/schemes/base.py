@@ -6,8 +6,11 @@ A round (written once, in `dpfl.schemes.round.run_round`, which every driver cal
 2. every answering client trains locally (vectorized over the cohort) and produces its
    update ``Δw`` as one row of ``u: Tensor[k, n]`` (flat parameters, ``named_parameters`` order).
    A step may change local training for all clients (``train_mask``: a shared mask) or per
-   client (``local_training``: a ``ClientPlan`` with per-client starting points, masks, batches
-   and a gradient hook; FedDyn, FSVRG, Sub-FedAvg);
+   client (``local_training``: a ``ClientPlan`` with per-client starting points, masks and a
+   gradient hook; FedDyn, FSVRG, Sub-FedAvg). A step that needs a statistic of the round's
+   clients first (``round_statistic``: FSVRG's full gradient) gets it in ``ctx.statistic``:
+   each client sends its row (``client_statistic``), the server combines them
+   (``combine_statistic``) and sends the result back before local training;
 3. ``u`` goes through ``step.client(u, ctx)`` for every step of the chain, in order
    (compress, clip, add a noise share, ...). Shapes may change (n → m);
 4. the *transport* encodes each client's row into the exact bytes it would send
@@ -26,14 +29,15 @@ keep their own state (momentum, error feedback, a Top-K set) and expose it throu
 What a step declares (typed class attributes; drivers read these, never method overrides):
 ``private`` (it adds privacy events: the run keeps a ledger), ``sigma`` (its noise multiplier),
 ``changes_local_training`` (it returns a ``ClientPlan``), ``client_state`` (it keeps per-client
-state between rounds, which a deployed client keeps on its own node), ``deploy_note`` (why it
-cannot run over Flower yet, if so); what its server side needs from deployed clients goes
-through ``client_report`` / ``server_report``. A transport declares ``secure`` and
+state between rounds, which a deployed client keeps on its own node), ``round_statistic`` (it
+needs a statistic of the round's clients before local training: a second exchange over Flower);
+what its server side needs from deployed clients goes through ``client_report`` / ``server_report``. A transport declares ``secure`` and
 ``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +83,9 @@ class RoundContext:
     malicious: np.ndarray | None = None  # bool [k] set by an attack; honest steps may ignore it
     omit_noise: np.ndarray | None = None  # bool [k]: attackers that drop their DP noise share (§6.3)
     dp_noise_std: float | None = None  # per-coordinate std of the DP noise in this round's mean (DP noise step)
+    # the round statistic float32 [n] a `round_statistic` step asked for (FSVRG: ∇f(w_t)), set before
+    # local training from the answering clients' rows; None when no step asks for one
+    statistic: torch.Tensor | None = None
 
     # k: the clients whose rows make up this round's sum; 0 = len(cohort). A deployed client
     # (dpfl.flower) runs the chain on its own row only: cohort = [its id], answering = k.
@@ -103,7 +110,6 @@ class ClientPlan:
 
     start: torch.Tensor | None = None  # [k, n] per-client starting points (Δw is measured from them)
     mask: torch.Tensor | None = None  # bool [k, n]: coordinates each client may change
-    batches: torch.Tensor | None = None  # int64 [k, T, B] rows of the training data, replaces the sampler's
     grad_hook: Any = None  # dpfl.engine.trainer.GradHook: per-step in-place change of the loss gradients
 
 
@@ -116,7 +122,9 @@ class Step:
     # keeps per-client state between rounds in `state_dict` (FedDyn's memory, Sub-FedAvg's masks):
     # a deployed client keeps its own part on its node
     client_state: bool = False
-    deploy_note: str | None = None  # why this step cannot run over Flower yet (None: it can)
+    # needs a statistic of the round's answering clients before local training (`client_statistic`
+    # rows, combined by `combine_statistic` into ctx.statistic); over Flower a first exchange
+    round_statistic: bool = False
     sigma: float | None = None  # the noise multiplier σ of a noise step (checkpoints compare it on resume)
 
     def setup(self, ctx: SetupContext) -> None:
@@ -129,6 +137,18 @@ class Step:
     def local_training(self, ctx: RoundContext) -> ClientPlan | None:
         """Optional per-client changes to local training this round (at most one step per scheme)."""
         return None
+
+    def client_statistic(self, ctx: RoundContext, x: torch.Tensor, y: torch.Tensor,
+                         rows: Sequence[np.ndarray]) -> torch.Tensor:
+        """`round_statistic` steps: each listed client's row of the statistic at ctx.global_params,
+        float32 [len(rows), n], client i's samples being x[rows[i]], y[rows[i]] (computed where
+        the data is: in process, or on a deployed client's node)."""
+        raise NotImplementedError(f"step {self.name} declares round_statistic but has no client_statistic")
+
+    def combine_statistic(self, rows: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """`round_statistic` steps: the server's statistic [n] from the answering clients' rows
+        [k, n] (cohort order), which every client then receives in ctx.statistic."""
+        raise NotImplementedError(f"step {self.name} declares round_statistic but has no combine_statistic")
 
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """Transform the cohort's updates, ``u: [k, d] -> [k, d']``."""

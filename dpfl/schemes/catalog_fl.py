@@ -58,7 +58,7 @@ def fsvrg(h: float = 1.0, batch_size: int = 1) -> Scheme:
     batch_size = _integer("fsvrg", "batch_size", batch_size, 1)
     return Scheme("fsvrg", [FSVRGStep(h, batch_size)], PlainTransport(), WeightedMeanAggregator(),
                   train_overrides={"lr": h, "optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0,
-                                   "prox_mu": 0.0, "batch_size": batch_size})
+                                   "prox_mu": 0.0, "batch_size": batch_size}, one_pass=True)
 
 
 @register("feddyn")

@@ -71,7 +71,8 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
         transport = PlainDP(Float32Codec() if local_rows else base.transport.codec)
     aggregator = SumAggregator() if dp.mechanism == "discrete" else DPMeanAggregator()
     return Scheme(dp.name, chain, transport, aggregator, train_overrides=dict(base.train_overrides),
-                  full_batch=base.full_batch, all_clients=base.all_clients, privacy_sampling=dp.accounted_sampling)
+                  full_batch=base.full_batch, one_pass=base.one_pass, all_clients=base.all_clients,
+                  privacy_sampling=dp.accounted_sampling)
 
 
 def resolve_sigma(dp: DPOptions, event: Callable[[float], Event] | None = None, prefix: Sequence[Event] = ()) -> float:

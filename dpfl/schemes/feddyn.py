@@ -64,7 +64,8 @@ class FedDynStep(Step):
     def local_training(self, ctx: RoundContext) -> ClientPlan:
         views = self.flat.views(self.memory(ctx))
 
-        def linear_term(t: int, rows: slice, idx: torch.Tensor, params: dict, grads: dict) -> None:
+        def linear_term(t: int, rows: slice, xb: torch.Tensor, yb: torch.Tensor, params: dict,
+                        grads: dict) -> None:
             for name, g in grads.items():
                 g.sub_(views[name][rows])
 

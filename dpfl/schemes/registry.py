@@ -28,6 +28,7 @@ class Scheme:
     # local-training overrides (e.g. FedSGD: one full-batch step with lr 1)
     train_overrides: dict[str, Any] = field(default_factory=dict)
     full_batch: bool = False  # one batch = all of a client's data
+    one_pass: bool = False  # one pass over each client's data: ⌈max_k n_k / B⌉ steps of B samples (FSVRG)
     all_clients: bool = False  # every client every round (signSGD)
     # how the privacy events account client selection (DP schemes): "poisson" | "without-replacement" | "none"
     privacy_sampling: str | None = None

@@ -3,9 +3,11 @@ the Flower coordinator and its nodes, the attack harness and the clip-bound anal
 
     run_round(scheme, ctx, ...)
       1. privacy events of the round; refuse the round if one would exceed the budget
-      2. train(ctx)            driver: local training → rows [k, n] (None: clients train remotely)
+      2. round statistic       a `round_statistic` step only: gather(step, ctx), driver: the
+                               answering clients' rows [k, n] → combine_statistic → ctx.statistic
+         train(ctx)            driver: local training → rows [k, n] (None: clients train remotely)
          (private schemes keep non-finite rows: Clip zeroes them; others drop those clients)
-      3. downstream bytes      what each selected client was sent
+      3. downstream bytes      what each selected client was sent (the statistic included)
       4. client_chain          the scheme's client steps, in order (in-process clients only)
       5. send(u, ctx)          driver: transport → Received (RoundAborted, or a secure sum of
                                fewer than 2 clients: nothing released)
@@ -15,7 +17,7 @@ the Flower coordinator and its nodes, the attack harness and the clip-bound anal
 
 Drivers keep what is theirs: who is selected, where clients train, evaluation, checkpoints,
 and how rows reach the server. A client that trains elsewhere (a Flower node) calls
-`local_plan`, `batch_plan` and `client_chain` itself.
+`client_statistic`, `local_plan`, `batch_plan` and `client_chain` itself.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from dpfl.errors import BudgetExceededError, ConfigError
 from dpfl.schemes.base import ClientPlan, Received, RoundContext, Step
 from dpfl.schemes.dp import finite_rows
+from dpfl.schemes.registry import float32_nbytes
 from dpfl.secagg import RoundAborted
 
 if TYPE_CHECKING:
@@ -69,9 +72,13 @@ def local_plan(scheme: Scheme, ctx: RoundContext) -> tuple[torch.Tensor | None, 
 
 def batch_plan(scheme: Scheme, local: Any, sizes: np.ndarray) -> tuple[int, int]:
     """(steps, batch) of local training for clients of these data sizes: one batch of the
-    largest client's data for full-batch schemes, else `local.steps` × `local.batch_size`."""
+    largest client's data for full-batch schemes, one pass over the largest client's data for
+    one-pass schemes (a client with less data stops earlier: its step does that), else
+    `local.steps` × `local.batch_size`."""
     if scheme.full_batch:
         return 1, int(np.max(sizes))
+    if scheme.one_pass:
+        return -(-int(np.max(sizes)) // local.batch_size), local.batch_size
     return local.steps, local.batch_size
 
 
@@ -104,6 +111,52 @@ def drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, Ro
     return u[ok], replace(ctx, cohort=ctx.cohort[keep], weights=ctx.weights[ok],
                           malicious=None if bad is None else bad[keep],
                           omit_noise=None if omit is None else omit[keep]), int((~keep).sum())
+
+
+def statistic_step(scheme: Scheme) -> Step | None:
+    """The step that needs a round statistic before local training (`Step.round_statistic`), if any."""
+    steps = [s for s in scheme.steps if s.round_statistic]
+    if len(steps) > 1:
+        raise ConfigError(f"scheme {scheme.name}: more than one step needs a round statistic "
+                          "(Step.round_statistic); at most one may")
+    return steps[0] if steps else None
+
+
+def check_dpsgd(scheme: Scheme) -> None:
+    """train.dpsgd (clipped, noised gradients on sampled batches) protects nothing in a scheme that
+    trains on full batches or whose clients first send a statistic of their raw data: ConfigError."""
+    if scheme.full_batch:
+        raise ConfigError(f"train.dpsgd does not combine with scheme {scheme.name!r}: it trains on "
+                          "each client's full data in one batch, not on sampled batches")
+    step = statistic_step(scheme)
+    if step is not None:
+        raise ConfigError(f"train.dpsgd does not combine with scheme {scheme.name!r}: its clients first send "
+                          f"a statistic of their data without DP-SGD noise ({step.name}'s round statistic)")
+
+
+Gather = Callable[[Step, RoundContext], torch.Tensor]
+"""``gather(step, ctx)``: the answering clients' rows of `step`'s statistic, float32 [k, n] in
+``ctx.cohort`` order (in process: `Step.client_statistic`; over Flower: an exchange, after which
+clients that did not answer have left ``ctx.cohort`` and ``ctx.weights``). RoundAborted: none did."""
+
+
+def round_statistic(step: Step, ctx: RoundContext, gather: Gather) -> tuple[RoundContext, int, int, int]:
+    """Sets ``ctx.statistic`` from the answering clients' rows: (ctx, clients dropped for a row with
+    NaN or ±inf, bytes the clients uploaded, values per row). RoundAborted if no usable row is left."""
+    rows = gather(step, ctx)
+    if rows.dtype != torch.float32 or rows.shape != (len(ctx.cohort), ctx.n_params):
+        raise RuntimeError(f"step {step.name}: the clients' statistic rows are {rows.dtype} {tuple(rows.shape)}, "
+                           f"expected float32 ({len(ctx.cohort)}, {ctx.n_params})")
+    up = len(ctx.cohort) * float32_nbytes(rows[0]) if len(ctx.cohort) else 0
+    rows, ctx, bad = drop_nonfinite(rows, ctx)
+    if not len(ctx.cohort):
+        raise RoundAborted(f"round {ctx.round}: all {bad} answering clients sent a non-finite {step.name} statistic")
+    stat = step.combine_statistic(rows, ctx)
+    if stat.dtype != torch.float32 or stat.shape != (ctx.n_params,):
+        raise RuntimeError(f"step {step.name} combined its statistic into {stat.dtype} {tuple(stat.shape)}, "
+                           f"expected float32 ({ctx.n_params},)")
+    ctx.statistic = stat
+    return ctx, bad, up, ctx.n_params
 
 
 # ---------------------------------------------------------------- the round
@@ -152,6 +205,7 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
               train: Callable[[RoundContext], torch.Tensor | None],
               send: Callable[[torch.Tensor | None, RoundContext], Received],
               after_chain: Callable[[torch.Tensor, RoundContext], torch.Tensor] | None = None,
+              gather: Gather | None = None,
               totals: dict[str, Any], n_clients: int, sampling_rate: float,
               extra: dict[str, Any] | None = None) -> RoundOutcome:
     """One round of `scheme` for the answering clients `ctx.cohort` (see the module docstring).
@@ -159,19 +213,31 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
     `train(ctx)` returns the cohort's rows [k, n] for in-process clients, or None when clients
     train and run the chain themselves (then `send(None, ctx)` reaches them). `send` may raise
     RoundAborted: the round then releases nothing (no model update, no privacy event).
+    `gather` (schemes with a `round_statistic` step) collects the clients' statistic rows.
     `totals` (cumulative bytes) is updated in place; `extra` (driver metrics, which the driver
     may fill while the round runs) goes into the metrics after the byte counters."""
     events = round_events(scheme, ctx, acc)
     r, n_selected = ctx.round, ctx.n_selected
     aborted, diverged, u, rec, delta = None, 0, None, None, None
-    if len(ctx.cohort):
+    stat, stat_up, stat_width = statistic_step(scheme), 0, 0
+    if len(ctx.cohort) and stat is not None:
+        if gather is None:
+            raise RuntimeError(f"scheme {scheme.name} needs a round statistic: the driver must pass gather")
+        try:
+            ctx, diverged, stat_up, stat_width = round_statistic(stat, ctx, gather)
+        except RoundAborted as e:
+            aborted = str(e)
+    if len(ctx.cohort) and aborted is None:
         u = train(ctx)
         if u is not None and acc.ledger is None:  # private schemes' Clip zeroes such rows, keeping the noise
-            u, ctx, diverged = drop_nonfinite(u, ctx)
+            u, ctx, bad = drop_nonfinite(u, ctx)
+            diverged += bad
             if not len(ctx.cohort):
-                aborted = f"all {diverged} answering clients sent non-finite updates"
+                aborted = f"all {bad} answering clients sent non-finite updates"
     down_one = scheme.downstream_bytes(ctx)  # after local training: what the clients were sent
-    if len(ctx.cohort):
+    if ctx.statistic is not None:
+        down_one += float32_nbytes(ctx.statistic)
+    if len(ctx.cohort) and aborted is None:
         try:
             if u is not None:
                 u = client_chain(scheme.steps, u, ctx)
@@ -186,10 +252,10 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
     up, formula_up = 0, 0.0
     if len(ctx.cohort) and aborted is None:
         delta = server_chain(scheme, rec, ctx)
-        up = int(np.asarray(rec.upstream_bytes).sum())
+        up = int(np.asarray(rec.upstream_bytes).sum()) + stat_up
         bits = scheme.transport.bits_per_value
         width = u.shape[1] if u is not None else rec.width  # values per row on the wire (d')
-        formula_up = width * (32 if bits is None else bits) / 8
+        formula_up = width * (32 if bits is None else bits) / 8 + stat_width * 4
     if acc.ledger is not None and aborted is None:
         for e in events:
             acc.ledger.add(e)

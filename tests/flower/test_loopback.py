@@ -3,10 +3,13 @@ handlers, same coordinator as over Flower, checked against the simulator."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 from flower_helpers import SIGN_DP, config, loopback, require_row_contract, simulate
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from dpfl.errors import ProtocolError
 from dpfl.flower import client as fclient
@@ -240,6 +243,7 @@ SAME_ROUND = {
     "fl-cs-dp": {"name": "fl-cs-dp", "options": {"sigma": 0.8, "clip": 0.5, "ratio": 0.25, "chunks": 2}},
     "fl-top-dp": {"name": "fl-top-dp", "options": {"sigma": 0.8, "clip": 0.5, "ratio": 0.25}},
     "feddyn": {"name": "feddyn", "options": {"alpha": 0.1}},
+    "fsvrg": {"name": "fsvrg", "options": {"h": 1.0, "batch_size": 64}},  # + the full-gradient exchange
     "sub-fedavg": {"name": "sub-fedavg", "options": {"sparsity": 0.5, "prune_rate": 0.3, "personal_eval": 50}},
 }
 
@@ -296,3 +300,63 @@ def test_a_secure_round_of_one_client_aborts_in_both_drivers():
     (mine,) = co.history
     assert mine["aborted"] == ref["aborted"] and "≥ 2 clients" in ref["aborted"]
     assert mine["epsilon"] == ref["epsilon"] == 0 and not co.sim.ledger.events
+
+
+# ---- FSVRG's full gradient: the rows and the statistic are checked where they arrive
+
+class TamperedGradients(Loopback):
+    """Node 101 sends a float64 row of its local gradient; node 102 receives a full gradient
+    changed by `tamper`. Keeps the training messages the coordinator sent."""
+
+    def __init__(self, run_config, node_configs):
+        super().__init__(run_config, node_configs)
+        self.sent: dict[int, RecordDict] = {}
+
+    def __call__(self, kind, contents, timeout):
+        if kind == "train":
+            self.sent = contents
+            contents = {**contents, 102: _with_statistic(contents[102], _set(5, np.nan))}
+        out = super().__call__(kind, contents, timeout)
+        if kind == "train.statistic" and 101 in out:
+            out[101].content[wire.STATISTIC] = wire.vector_record(out[101].content[wire.STATISTIC]["w"].numpy()
+                                                                  .astype(np.float64))
+        return out
+
+
+def _with_statistic(content: RecordDict, change) -> RecordDict:
+    """A copy of a training message with its round statistic changed (`change(array)`; None: left out)."""
+    out = RecordDict({k: v for k, v in content.items() if k != wire.STATISTIC})
+    g = change(content[wire.STATISTIC]["w"].numpy().copy())
+    if g is not None:
+        out[wire.STATISTIC] = ArrayRecord({"w": Array(np.ascontiguousarray(g))})
+    return out
+
+
+def _set(i: int, value: float):
+    def change(g: np.ndarray) -> np.ndarray:
+        g[i] = value
+        return g
+    return change
+
+
+def test_fsvrg_clients_and_server_reject_malformed_gradients_in_one_line():
+    """A malformed local gradient drops its client before the full gradient is formed; a client
+    given a malformed full gradient refuses to train, naming the problem, and the round goes on."""
+    co, lb = loopback(config(SAME_ROUND["fsvrg"], federation={"rounds": 1}), cls=TamperedGradients)
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert co.history[0]["answered"] == 1 and "aborted" not in co.history[0]
+    assert any("rejected client 1" in line and "statistic: expected float32" in line for line in logs), logs
+    assert any("node 102 failed: ProtocolError: statistic: 1 of its" in line and "NaN or infinite" in line
+               for line in logs), logs
+    n = co.sim.flat.n
+    good, node_cfg = lb.sent[100], lb.node_configs[100]
+    for change, needle in [(_set(0, -np.inf), "1 of its"),
+                           (lambda g: g.astype(np.float64), f"expected float32 [{n}], got float64 [{n}]"),
+                           (lambda g: g[:-1], f"expected float32 [{n}], got float32 [{n - 1}]"),
+                           (lambda g: None, "record 'statistic' is missing")]:
+        with pytest.raises(ProtocolError, match=re.escape(needle)) as e:
+            fclient.train_plain(_with_statistic(good, change), RecordDict(), node_cfg, lb.run_config)
+        assert "\n" not in str(e.value)
+    assert wire.PAYLOAD in fclient.train_plain(good, RecordDict(), node_cfg, lb.run_config)  # the message as sent

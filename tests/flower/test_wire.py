@@ -163,3 +163,17 @@ def test_wire_readers_parse_or_reject_any_record(name, data):
     except ProtocolError:
         return
     assert ok(rec), f"{name}: parsed a record with values of the wrong type"
+
+
+def test_every_message_kind_is_a_flower_message_type_the_client_app_routes():
+    """The coordinator sends `kind` as Flower's message_type; the ClientApp must route each one
+    (a kind in HANDLERS without its decorator would only fail over a real SuperLink)."""
+    from flwr.app.metadata import validate_message_type
+
+    from dpfl.flower import client as fclient
+
+    routed = set(fclient.app._registered_funcs)
+    for kind in fclient.HANDLERS:
+        assert validate_message_type(kind), kind
+        assert (kind if "." in kind else f"{kind}.default") in routed, kind
+    assert "train.statistic" in fclient.HANDLERS  # FSVRG's full-gradient exchange

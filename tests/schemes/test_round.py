@@ -100,3 +100,42 @@ def test_steps_must_declare_privacy_events_and_local_training():
         local_plan(Scheme("t", [Plans()], PlainTransport(), MeanAggregator()), _ctx())
     Plans.changes_local_training = True
     assert local_plan(Scheme("t", [Plans()], PlainTransport(), MeanAggregator()), _ctx())[1] is not None
+
+
+class Mean(Step):
+    """Needs the mean of the clients' rows before they train."""
+
+    name, round_statistic = "mean", True
+
+    def combine_statistic(self, rows, ctx):
+        return rows.mean(0)
+
+
+def _statistic_round(rows, gather=True):
+    seen = []
+
+    def train(ctx):
+        seen.append((ctx.cohort.tolist(), ctx.statistic.clone()))
+        return torch.ones(len(ctx.cohort), N)
+
+    scheme = Scheme("t", [Mean()], PlainTransport(), MeanAggregator())
+    out = run_round(scheme, _ctx(), Accounting(), train=train, send=scheme.transport.transmit,
+                    gather=(lambda step, ctx: rows[ctx.cohort]) if gather else None, totals=empty_totals(),
+                    n_clients=10, sampling_rate=0.3)
+    return out, seen
+
+
+def test_a_round_statistic_is_combined_before_training_and_its_bytes_counted():
+    rows = torch.arange(3 * N, dtype=torch.float32).view(3, N)
+    rows[1, 2] = float("nan")  # client 1's row: it leaves the round before anyone trains
+    out, seen = _statistic_round(rows)
+    assert seen[0][0] == [0, 2] and torch.equal(seen[0][1], (rows[0] + rows[2]) / 2)
+    assert out.metrics["diverged"] == 1 and out.metrics["answered"] == 2
+    assert out.metrics["up_bytes"] == 2 * N * 4 + 3 * N * 4  # the updates, and every statistic row sent
+    assert out.metrics["down_bytes"] == 4 * 2 * N * 4  # model and statistic, to each of the 4 selected
+    assert out.metrics["formula_up_bytes_per_client"] == pytest.approx(0.3 * 2 * N * 4)
+
+    out, seen = _statistic_round(torch.full((3, N), float("nan")))
+    assert not seen and out.delta is None and "non-finite mean statistic" in out.metrics["aborted"]
+    with pytest.raises(RuntimeError, match="must pass gather"):
+        _statistic_round(rows, gather=False)
