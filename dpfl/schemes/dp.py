@@ -1,8 +1,8 @@
 """Client-level DP steps (thesis ch. 5): clipping, noise shares, noise placement, and the
 privacy event each round adds to the ledger.
 
-A DP scheme is a chain  [compression step] → Clip(S) → GaussianNoise(σ)  (or, for FL-SIGN-DP,
-SignStep → DiscreteGaussianShare(σ)), a transport and an aggregator (see `dp_wrapper.make_private`).
+A DP scheme is a chain  [compression step] → ClipStep(S) → GaussianNoiseStep(σ)  (or, for FL-SIGN-DP,
+SignStep → DiscreteGaussianShareStep(σ)), a transport and an aggregator (see `dp_wrapper.make_private`).
 
 Noise placement (`noise=`):
 
@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.compression.base import Codec
 from dpfl.errors import ConfigError
 from dpfl.privacy import (
     DiscreteGaussianEvent,
@@ -57,10 +56,8 @@ from dpfl.privacy import (
     sampler_tv_bound,
 )
 from dpfl.privacy.mechanisms import discrete_gaussian, gaussian_noise
-from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step, Transport
-from dpfl.schemes.secure_sum import SecAggTransport
-from dpfl.schemes.transport import PlainTransport
-from dpfl.secagg import RoundAborted, gaussian_clip_range, sign_dp_bits
+from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step
+from dpfl.secagg import RoundAborted
 
 PLACEMENTS = ("distributed", "local", "central")
 
@@ -146,7 +143,7 @@ def _row_norms(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([row.to(torch.float64).norm() for row in x]) if len(x) else torch.zeros(0, dtype=torch.float64)
 
 
-class Clip(Step):
+class ClipStep(Step):
     """Client: û = u / max(1, ‖u‖₂/S) per row. S is a number, or chosen once in `setup` by
     `selector(ctx) -> (S, how)` (see `dpfl.schemes.sensitivity`)."""
 
@@ -155,7 +152,7 @@ class Clip(Step):
     def __init__(self, bound: float | None = None,
                  selector: Callable[[SetupContext], tuple[float, str]] | None = None):
         if (bound is None) == (selector is None):
-            raise ConfigError("Clip needs either a bound S or a selector")
+            raise ConfigError("ClipStep needs either a bound S or a selector")
         self.bound = None if bound is None else _positive("clip bound S", bound)
         self.selector = selector
         self.how = "given"
@@ -246,7 +243,7 @@ class _NoiseStep(Step):
         return f"{self.label}(σ={self.sigma:.6g}, {self.noise}{tol}, {q})"
 
 
-class GaussianNoise(_NoiseStep):
+class GaussianNoiseStep(_NoiseStep):
     """Gaussian noise for client-level DP with sensitivity S (read from `clip`), multiplier σ.
 
     distributed: share G(0, (Sσ)²/(k − l)) per client; local: G(0, (Sσ)²) per client;
@@ -256,7 +253,7 @@ class GaussianNoise(_NoiseStep):
 
     name, label = "gaussian_noise", "gaussian"
 
-    def __init__(self, sigma: float, clip: Clip, q: float, tolerate: int = 0, noise: str = "distributed",
+    def __init__(self, sigma: float, clip: ClipStep, q: float, tolerate: int = 0, noise: str = "distributed",
                  without_replacement: tuple[int, int] | None = None):
         super().__init__(sigma, q, tolerate, noise)
         self.clip = clip
@@ -318,7 +315,7 @@ class GaussianNoise(_NoiseStep):
 
 
 
-class DiscreteGaussianShare(_NoiseStep):
+class DiscreteGaussianShareStep(_NoiseStep):
     """FL-SIGN-DP noise on integer rows μ = sign(Δw) ∈ {±1}ⁿ (sensitivity √n).
 
     distributed: z_k ~ DG(μ_k, √n·σ/√(k − l)); local: DG(μ_k, √n·σ); central: the server adds
@@ -399,80 +396,3 @@ class DPMeanAggregator(Aggregator):
 
     def __call__(self, rec: Received, ctx: RoundContext) -> torch.Tensor:
         return (rec.total.to(torch.float64) / dp_denominator(ctx)).to(torch.float32)
-
-
-def _report_bits(rec: Received, d: int, ctx: RoundContext) -> None:
-    sent = np.asarray(rec.upstream_bytes)
-    sent = sent[sent > 0]
-    if sent.size and d:
-        ctx.metrics["up_bits_per_value"] = float(8.0 * sent.mean() / d)
-
-
-class PlainDP(PlainTransport):
-    """Plain transport (local or central noise) that also reports measured bits per value."""
-
-    def __init__(self, codec: Codec | None = None):
-        super().__init__(codec)
-        self.bits_per_value = getattr(self.codec, "bits_per_value", 32)
-
-    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
-        rec = super().transmit(u, ctx)
-        _report_bits(rec, u.shape[1], ctx)
-        return rec
-
-
-class SecureSum(Transport):
-    """Distributed noise: the cohort's noisy rows reach the server only as a secure sum over
-    Z_(2^b) (`dpfl.secagg.SecAggTransport`, one per round, so b follows the round's k).
-
-    Gaussian rows: fixed point, range S + t·(share std) (exceeded with prob ≤ 2⁻⁴⁰), scale 2^f
-    with f = `frac_bits` or, by default, the smallest f whose step is ≤ share std / 256.
-    FL-SIGN-DP rows: integers, b = ⌈log₂((12·√n·σ' + 1)·k)⌉ with σ' = σ·√(k/(k − l)) — the
-    thesis formula (§5.2.4), which it equals for l = 0, k = |K|.
-    `max_dropouts` = l: a round where more than l clients drop after masking aborts.
-    """
-
-    name = "secure_sum"
-    secure = True
-
-    def __init__(self, noise: GaussianNoise | DiscreteGaussianShare, *, neighbours: int | None = None,
-                 threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None):
-        self.noise = noise
-        self.neighbours, self.threshold = neighbours, threshold
-        self.drop_after_masking = float(drop_after_masking)
-        if frac_bits is not None and (isinstance(frac_bits, bool) or not isinstance(frac_bits, int)
-                                      or not 0 <= frac_bits <= 52):
-            raise ConfigError(f"frac_bits must be an integer in [0, 52] or omitted (automatic), got {frac_bits!r}")
-        self.frac_bits = frac_bits
-        self.bits_per_value: int | None = None
-        # validates neighbours / threshold / drop fraction once
-        self._inner(encoding="int", bits=8)
-
-    def _inner(self, **kw) -> SecAggTransport:
-        return SecAggTransport(neighbours=self.neighbours, threshold=self.threshold,
-                               max_dropouts=self.noise.tolerate, drop_after_masking=self.drop_after_masking, **kw)
-
-    def round_transport(self, k: int, d: int) -> SecAggTransport:
-        """The secure-aggregation transport for a round of k clients with d values each."""
-        if isinstance(self.noise, DiscreteGaussianShare):
-            m = shares(k, self.noise.tolerate)
-            return self._inner(encoding="int", bits=sign_dp_bits(d, self.noise.sigma * math.sqrt(k / m), k))
-        std = self.noise.share_std(k)
-        f = self.frac_bits if self.frac_bits is not None else min(52, max(0, math.ceil(8 - math.log2(std))))
-        return self._inner(encoding="fixed", clip_range=gaussian_clip_range(self.noise.clip.bound, std, k * d),
-                           frac_bits=f)
-
-    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
-        k, d = u.shape
-        if k < 2:
-            raise RoundAborted(f"secure aggregation needs ≥ 2 clients, round {ctx.round} has {k}: nothing released")
-        inner = self.round_transport(k, d)
-        self.bits_per_value = inner.round_bits(k)
-        rec = inner.transmit(u, ctx)
-        _report_bits(rec, d, ctx)
-        ctx.metrics["secagg_survivors"] = rec.count
-        return rec
-
-    def describe(self) -> str:
-        nb = "complete graph" if self.neighbours is None else f"{self.neighbours} neighbours"
-        return f"secure_sum({nb}, l={self.noise.tolerate})"

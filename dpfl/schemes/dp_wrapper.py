@@ -1,8 +1,8 @@
 """Any compression scheme → its client-level DP version (thesis ch. 5): `make_private(base, dp)`.
 
-    Gaussian (default)   base steps → Clip(S) → GaussianNoise(σ)   | secure sum or plain | DP mean
-    post-processing      Clip(S) → noise → base steps (local), Clip(S) → base steps → noise (central)
-    discrete (FL-SIGN)   base steps → DiscreteGaussianShare(σ)      | secure sum or plain | sum
+    Gaussian (default)   base steps → ClipStep(S) → GaussianNoiseStep(σ)   | secure sum or plain | DP mean
+    post-processing      ClipStep(S) → noise → base steps (local), ClipStep(S) → base steps → noise (central)
+    discrete (FL-SIGN)   base steps → DiscreteGaussianShareStep(σ)      | secure sum or plain | sum
 
 σ is resolved once (`resolve_sigma`): the given multiplier, or the smallest one that reaches the
 target ε for the events the run will record (`privacy.calibrate_sigma_for_events`).
@@ -25,10 +25,11 @@ from dpfl.privacy import (
 from dpfl.schemes import sensitivity
 from dpfl.schemes.aggregators import SumAggregator
 from dpfl.schemes.base import SetupContext, Step, Transport
-from dpfl.schemes.dp import Clip, DiscreteGaussianShare, DPMeanAggregator, GaussianNoise, PlainDP, SecureSum
+from dpfl.schemes.dp import ClipStep, DiscreteGaussianShareStep, DPMeanAggregator, GaussianNoiseStep
 from dpfl.schemes.dp_options import DPOptions
 from dpfl.schemes.registry import Scheme
-from dpfl.schemes.transport import PlainTransport
+from dpfl.schemes.secure_sum import SecureSum
+from dpfl.schemes.transport import PlainDP, PlainTransport
 
 ClipSelector = Callable[[SetupContext], tuple[float, str]]
 
@@ -44,7 +45,7 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
     if not isinstance(base.transport, PlainTransport):
         raise ConfigError(f"scheme {dp.name!r}: the DP wrapper needs a base scheme with a plain transport")
     if dp.mechanism == "discrete":
-        noise: GaussianNoise | DiscreteGaussianShare = _discrete_noise(dp)
+        noise: GaussianNoiseStep | DiscreteGaussianShareStep = _discrete_noise(dp)
         chain = [*base.steps, noise]
     else:
         if post_processing and dp.noise == "distributed":
@@ -55,9 +56,9 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
         clip, prefix = _clip_step(dp, compress, auto_clip, post_processing)
         sens = clip
         if post_processing and dp.noise == "central":  # ‖Q(v)‖ ≤ growth·‖v‖ (+ float margin)
-            sens = Clip(clip.bound * norm_growth * (1 + 1e-6))
+            sens = ClipStep(clip.bound * norm_growth * (1 + 1e-6))
         sigma = resolve_sigma(dp, _gaussian_event(dp), prefix)
-        noise = GaussianNoise(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
+        noise = GaussianNoiseStep(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
                               without_replacement=dp.without_replacement)
         if not post_processing:
             chain = [*compress, clip, noise]
@@ -85,16 +86,16 @@ def resolve_sigma(dp: DPOptions, event: Callable[[float], Event] | None = None, 
 
 
 def _gaussian_event(dp: DPOptions) -> Callable[[float], Event] | None:
-    """σ → one round's event, as GaussianNoise records it (None: the Poisson-sampled Gaussian)."""
+    """σ → one round's event, as GaussianNoiseStep records it (None: the Poisson-sampled Gaussian)."""
     if dp.noise == "local":  # worst case: a client in every round, sensitivity 2S
         return lambda x: GaussianEvent(x / 2)
     wor = dp.without_replacement
     return (lambda x: SampledWithoutReplacementGaussianEvent(x, *wor)) if wor else None
 
 
-def _discrete_noise(dp: DPOptions) -> DiscreteGaussianShare:
+def _discrete_noise(dp: DPOptions) -> DiscreteGaussianShareStep:
     """FL-SIGN-DP's share, σ calibrated on the event its round records for |K| clients."""
-    probe = DiscreteGaussianShare(1.0, dp.sampling_rate, dp.tolerate, dp.noise)
+    probe = DiscreteGaussianShareStep(1.0, dp.sampling_rate, dp.tolerate, dp.noise)
     n, k = dp.n_params, dp.cohort_size
 
     def event(x: float) -> Event:
@@ -103,20 +104,20 @@ def _discrete_noise(dp: DPOptions) -> DiscreteGaussianShare:
             return DiscreteGaussianEvent(x / 2, 1.0, n, 1, sampler_tv=n * sampler_tv_bound(probe.share_std(n, k)))
         return probe.event(n, k)
 
-    return DiscreteGaussianShare(resolve_sigma(dp, event), dp.sampling_rate, dp.tolerate, dp.noise)
+    return DiscreteGaussianShareStep(resolve_sigma(dp, event), dp.sampling_rate, dp.tolerate, dp.noise)
 
 
 def _clip_step(dp: DPOptions, compress: list[Step], auto: ClipSelector | None,
-               post_processing: bool) -> tuple[Clip, tuple[Event, ...]]:
-    """The Clip step for dp.clip, and the events its selection charges."""
+               post_processing: bool) -> tuple[ClipStep, tuple[Event, ...]]:
+    """The ClipStep step for dp.clip, and the events its selection charges."""
     if isinstance(dp.clip, float):
-        return Clip(dp.clip), ()
+        return ClipStep(dp.clip), ()
     if post_processing:
         raise ConfigError(f"scheme {dp.name!r}: clip must be a number > 0 here (its compression runs after the "
                           f"noise), got {dp.clip!r}")
     if dp.clip == "auto":
-        return Clip(selector=auto or (lambda ctx: sensitivity.client_median(ctx, compress, dp.clip_clients))), ()
+        return ClipStep(selector=auto or (lambda ctx: sensitivity.client_median(ctx, compress, dp.clip_clients))), ()
     eps0 = dp.clip_epsilon
-    return (Clip(selector=lambda ctx: sensitivity.private_median(ctx, compress, eps0, dp.clip_clients)),
+    return (ClipStep(selector=lambda ctx: sensitivity.private_median(ctx, compress, eps0, dp.clip_clients)),
             (sensitivity.private_median_event(eps0, dp.neighbouring),))
 

@@ -15,7 +15,7 @@ from dpfl.errors import ConfigError
 from dpfl.schemes.aggregators import WeightedMeanAggregator
 from dpfl.schemes.base import Aggregator, RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.index import SCHEMES, list_schemes  # noqa: F401  (list_schemes re-exported)
-from dpfl.schemes.server_lr import ServerLR
+from dpfl.schemes.server_lr import ServerLRStep
 from dpfl.schemes.transport import PlainTransport
 
 
@@ -130,7 +130,7 @@ def fedavg() -> Scheme:
 def fedsgd(server_lr: float = 0.1) -> Scheme:
     if server_lr <= 0:
         raise ConfigError(f"scheme 'fedsgd': server_lr must be > 0, got {server_lr}")
-    return Scheme("fedsgd", [ServerLR(server_lr)], PlainTransport(), WeightedMeanAggregator(),
+    return Scheme("fedsgd", [ServerLRStep(server_lr)], PlainTransport(), WeightedMeanAggregator(),
                   train_overrides={"steps": 1, "lr": 1.0, "optimizer": "sgd", "momentum": 0.0}, full_batch=True)
 
 

@@ -6,7 +6,7 @@ the Flower coordinator and its nodes, the attack harness and the clip-bound anal
       2. round statistic       a `round_statistic` step only: gather(step, ctx), driver: the
                                answering clients' rows [k, n] → combine_statistic → ctx.statistic
          train(ctx)            driver: local training → rows [k, n] (None: clients train remotely)
-         (private schemes keep non-finite rows: Clip zeroes them; others drop those clients)
+         (private schemes keep non-finite rows: ClipStep zeroes them; others drop those clients)
       3. downstream bytes      what each selected client was sent (the statistic included)
       4. client_chain          the scheme's client steps, in order (in-process clients only)
       5. send(u, ctx)          driver: transport → Received (RoundAborted, or a secure sum of
@@ -229,7 +229,7 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
             aborted = str(e)
     if len(ctx.cohort) and aborted is None:
         u = train(ctx)
-        if u is not None and acc.ledger is None:  # private schemes' Clip zeroes such rows, keeping the noise
+        if u is not None and acc.ledger is None:  # private schemes' ClipStep zeroes such rows, keeping the noise
             u, ctx, bad = drop_nonfinite(u, ctx)
             diverged += bad
             if not len(ctx.cohort):

@@ -1,13 +1,18 @@
-"""`SecAggTransport`: the cohort's rows reach the server only as a secure sum over Z_(2^b)."""
+"""Secure sum: `SecAggTransport` (the cohort's rows reach the server only as a sum over Z_(2^b)) and
+`SecureSum`, the DP schemes' transport that sizes one per round from the noise step."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
 from dpfl.errors import ConfigError
 from dpfl.schemes.base import Received, RoundContext, Transport
-from dpfl.secagg import ring
+from dpfl.schemes.dp import DiscreteGaussianShareStep, GaussianNoiseStep, shares
+from dpfl.schemes.transport import report_bits
+from dpfl.secagg import RoundAborted, gaussian_clip_range, ring, sign_dp_bits
 from dpfl.secagg.simulate import secure_sum
 
 
@@ -119,3 +124,60 @@ class SecAggTransport(Transport):
         return Received(
             rows=None, total=out, count=len(stats["survivors"]), upstream_bytes=stats["masked_input_bytes"]
         )
+
+
+class SecureSum(Transport):
+    """Distributed noise: the cohort's noisy rows reach the server only as a secure sum over
+    Z_(2^b) (`dpfl.secagg.SecAggTransport`, one per round, so b follows the round's k).
+
+    Gaussian rows: fixed point, range S + t·(share std) (exceeded with prob ≤ 2⁻⁴⁰), scale 2^f
+    with f = `frac_bits` or, by default, the smallest f whose step is ≤ share std / 256.
+    FL-SIGN-DP rows: integers, b = ⌈log₂((12·√n·σ' + 1)·k)⌉ with σ' = σ·√(k/(k − l)) — the
+    thesis formula (§5.2.4), which it equals for l = 0, k = |K|.
+    `max_dropouts` = l: a round where more than l clients drop after masking aborts.
+    """
+
+    name = "secure_sum"
+    secure = True
+
+    def __init__(self, noise: GaussianNoiseStep | DiscreteGaussianShareStep, *, neighbours: int | None = None,
+                 threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None):
+        self.noise = noise
+        self.neighbours, self.threshold = neighbours, threshold
+        self.drop_after_masking = float(drop_after_masking)
+        if frac_bits is not None and (isinstance(frac_bits, bool) or not isinstance(frac_bits, int)
+                                      or not 0 <= frac_bits <= 52):
+            raise ConfigError(f"frac_bits must be an integer in [0, 52] or omitted (automatic), got {frac_bits!r}")
+        self.frac_bits = frac_bits
+        self.bits_per_value: int | None = None
+        # validates neighbours / threshold / drop fraction once
+        self._inner(encoding="int", bits=8)
+
+    def _inner(self, **kw) -> SecAggTransport:
+        return SecAggTransport(neighbours=self.neighbours, threshold=self.threshold,
+                               max_dropouts=self.noise.tolerate, drop_after_masking=self.drop_after_masking, **kw)
+
+    def round_transport(self, k: int, d: int) -> SecAggTransport:
+        """The secure-aggregation transport for a round of k clients with d values each."""
+        if isinstance(self.noise, DiscreteGaussianShareStep):
+            m = shares(k, self.noise.tolerate)
+            return self._inner(encoding="int", bits=sign_dp_bits(d, self.noise.sigma * math.sqrt(k / m), k))
+        std = self.noise.share_std(k)
+        f = self.frac_bits if self.frac_bits is not None else min(52, max(0, math.ceil(8 - math.log2(std))))
+        return self._inner(encoding="fixed", clip_range=gaussian_clip_range(self.noise.clip.bound, std, k * d),
+                           frac_bits=f)
+
+    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
+        k, d = u.shape
+        if k < 2:
+            raise RoundAborted(f"secure aggregation needs ≥ 2 clients, round {ctx.round} has {k}: nothing released")
+        inner = self.round_transport(k, d)
+        self.bits_per_value = inner.round_bits(k)
+        rec = inner.transmit(u, ctx)
+        report_bits(rec, d, ctx)
+        ctx.metrics["secagg_survivors"] = rec.count
+        return rec
+
+    def describe(self) -> str:
+        nb = "complete graph" if self.neighbours is None else f"{self.neighbours} neighbours"
+        return f"secure_sum({nb}, l={self.noise.tolerate})"

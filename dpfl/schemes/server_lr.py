@@ -7,7 +7,7 @@ import torch
 from dpfl.schemes.base import RoundContext, Step
 
 
-class ServerLR(Step):
+class ServerLRStep(Step):
     """Scales the aggregate by a server learning rate (FedSGD's η, or 1 for FedAvg)."""
 
     name = "server_lr"

@@ -30,3 +30,23 @@ def sum_rows(rows: torch.Tensor) -> torch.Tensor:
     if rows.device.type == "cpu" and rows.dtype in (torch.int8, torch.int16, torch.int32):
         return torch.from_numpy(rows.numpy().sum(0, dtype=np.int64))
     return rows.sum(0)
+
+
+def report_bits(rec: Received, d: int, ctx: RoundContext) -> None:
+    sent = np.asarray(rec.upstream_bytes)
+    sent = sent[sent > 0]
+    if sent.size and d:
+        ctx.metrics["up_bits_per_value"] = float(8.0 * sent.mean() / d)
+
+
+class PlainDP(PlainTransport):
+    """Plain transport (local or central noise) that also reports measured bits per value."""
+
+    def __init__(self, codec: Codec | None = None):
+        super().__init__(codec)
+        self.bits_per_value = getattr(self.codec, "bits_per_value", 32)
+
+    def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
+        rec = super().transmit(u, ctx)
+        report_bits(rec, u.shape[1], ctx)
+        return rec

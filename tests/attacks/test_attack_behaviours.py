@@ -227,7 +227,8 @@ def test_omitted_noise_and_boosted_signs_take_over_fl_sign_dp_but_not_fl_sign():
     sum of FL-SIGN-DP and decides the vote; FL-SIGN's 1-bit transport leaves it a single vote."""
     from dpfl.compression.bits import SignCodec
     from dpfl.schemes.aggregators import SumAggregator
-    from dpfl.schemes.dp import DiscreteGaussianShare, SecureSum
+    from dpfl.schemes.dp import DiscreteGaussianShareStep
+    from dpfl.schemes.secure_sum import SecureSum
     from dpfl.schemes.sign import SignStep
     from dpfl.schemes.transport import PlainTransport
 
@@ -247,7 +248,7 @@ def test_omitted_noise_and_boosted_signs_take_over_fl_sign_dp_but_not_fl_sign():
         delta = steps[0].server(SumAggregator()(rec, ctx), ctx)
         return float((delta.sign() == sent).double().mean())
 
-    share = DiscreteGaussianShare(sigma=1.0, q=0.1)
+    share = DiscreteGaussianShareStep(sigma=1.0, q=0.1)
     dp = agreement([SignStep(0.01), share], SecureSum(share))
     assert ctx.metrics["dp_noise_shares"] == k - 1  # the attacker added no share
     plain = agreement([SignStep(0.01)], PlainTransport(SignCodec()))

@@ -9,7 +9,7 @@ from dpfl.config import PrivacyConfig
 from dpfl.errors import ConfigError
 from dpfl.privacy import DiscreteGaussianEvent, calibrate_sigma_for_events, sampler_tv_bound
 from dpfl.schemes.catalog import fl_rnd, fl_sign
-from dpfl.schemes.dp import GaussianNoise
+from dpfl.schemes.dp import GaussianNoiseStep
 from dpfl.schemes.dp_options import DPOptions
 from dpfl.schemes.dp_wrapper import make_private
 from dpfl.schemes.registry import build_scheme, fl_std
@@ -123,7 +123,7 @@ def test_fl_cs_reads_the_noise_level_from_the_rounds_context(contexts):
     scheme = build_scheme("fl-cs-dp", {"sigma": 2.0, "clip": 0.5, "lam": "noise", "ratio": 0.1, "chunks": 2,
                                        "noise": "central"}, _env())
     cs, _, noise = scheme.steps
-    assert isinstance(noise, GaussianNoise) and not hasattr(cs, "noise_std")
+    assert isinstance(noise, GaussianNoiseStep) and not hasattr(cs, "noise_std")
     sctx, rctx = contexts(N)
     for s in scheme.steps:
         s.setup(sctx)

@@ -10,7 +10,8 @@ from scipy import stats
 
 from dpfl.config import PrivacyConfig
 from dpfl.schemes.catalog_dp import fl_sign_dp
-from dpfl.schemes.dp import Clip, DiscreteGaussianShare, DPMeanAggregator, GaussianNoise, SecureSum
+from dpfl.schemes.dp import ClipStep, DiscreteGaussianShareStep, DPMeanAggregator, GaussianNoiseStep
+from dpfl.schemes.secure_sum import SecureSum
 from dpfl.secagg import RoundAborted, decode_fixed, encode_fixed
 from dpfl.secagg.protocol import HEADER_BYTES, MaskedInput
 
@@ -28,8 +29,8 @@ def test_100_clients_30_percent_drop_after_masking_exact_survivor_sum_and_full_n
     _, rctx = contexts(d)
     ctx = rctx(1, k)
     ctx.cohort_size = k
-    clip = Clip(S)
-    noise = GaussianNoise(sigma, clip, q=0.1, tolerate=l)
+    clip = ClipStep(S)
+    noise = GaussianNoiseStep(sigma, clip, q=0.1, tolerate=l)
     transport = SecureSum(noise, drop_after_masking=0.3)
     u = torch.zeros(k, d)
     u[:, 0] = torch.linspace(-3, 3, k)  # some rows get clipped
@@ -60,12 +61,12 @@ def test_more_failures_than_tolerated_abort_without_a_sum(contexts):
     k, d = 20, 50
     _, rctx = contexts(d)
     ctx = rctx(1, k)
-    noise = GaussianNoise(1.0, Clip(1.0), q=0.1, tolerate=3)
+    noise = GaussianNoiseStep(1.0, ClipStep(1.0), q=0.1, tolerate=3)
     transport = SecureSum(noise, drop_after_masking=0.2)  # 4 drop > l = 3
     rows = noise.client(torch.zeros(k, d), ctx)
     with pytest.raises(RoundAborted):
         transport.transmit(rows, ctx)
-    ok = SecureSum(GaussianNoise(1.0, Clip(1.0), q=0.1, tolerate=4), drop_after_masking=0.2)
+    ok = SecureSum(GaussianNoiseStep(1.0, ClipStep(1.0), q=0.1, tolerate=4), drop_after_masking=0.2)
     assert ok.transmit(rows, ctx).count == 16
 
 
@@ -73,7 +74,7 @@ def test_fl_sign_dp_secure_sum_equals_the_plain_sum_of_noisy_integers(contexts):
     k, n, sigma = 10, 5000, 1.2
     _, rctx = contexts(n)
     ctx = rctx(3, k)
-    share = DiscreteGaussianShare(sigma, q=0.1, tolerate=2)
+    share = DiscreteGaussianShareStep(sigma, q=0.1, tolerate=2)
     transport = SecureSum(share, drop_after_masking=0.2)
     mu = torch.where(torch.rand(k, n) < 0.5, 1, -1).to(torch.int8)
     z = share.client(mu, ctx)

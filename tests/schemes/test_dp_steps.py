@@ -11,10 +11,10 @@ from dpfl.errors import ConfigError
 from dpfl.privacy import DiscreteGaussianEvent, GaussianEvent, SampledGaussianEvent, sampler_tv_bound
 from dpfl.schemes.base import Received
 from dpfl.schemes.dp import (
-    Clip,
-    DiscreteGaussianShare,
+    ClipStep,
+    DiscreteGaussianShareStep,
     DPMeanAggregator,
-    GaussianNoise,
+    GaussianNoiseStep,
     clip_rows,
 )
 from dpfl.secagg import RoundAborted
@@ -35,7 +35,7 @@ def test_clip_bound_scaling_and_clipped_fraction(contexts):
     u[1] *= 1e6  # huge: scaled onto the sphere
     norms = u.double().norm(dim=1)
     S = float(norms.median())
-    step = Clip(S)
+    step = ClipStep(S)
     out = step.client(u, ctx)
     out_norms = out.double().norm(dim=1)
     assert torch.all(out_norms <= S)  # the bound holds in float64 after the float32 cast
@@ -53,7 +53,7 @@ def test_non_finite_rows_become_zero_and_are_counted(contexts):
     _, rctx = contexts(5)
     ctx = rctx(1, 3)
     u = torch.tensor([[1.0, 2, 3, 4, 5], [float("nan"), 0, 0, 0, 0], [0, float("inf"), 0, 0, 0]])
-    out = Clip(1.0).client(u, ctx)
+    out = ClipStep(1.0).client(u, ctx)
     assert torch.equal(out[1:], torch.zeros(2, 5))
     assert float(out[0].norm()) <= 1.0
     assert ctx.metrics["dp_nonfinite_rows"] == 2 and ctx.metrics["dp_clip_fraction"] == 1.0
@@ -84,8 +84,8 @@ def test_distributed_gaussian_shares_sum_to_std_s_sigma(contexts):
     k, d, S, sigma, l = 12, 4000, 0.7, 1.3, 3
     _, rctx = contexts(d)
     ctx = rctx(2, k)
-    clip = Clip(S)
-    step = GaussianNoise(sigma, clip, q=0.05, tolerate=l)
+    clip = ClipStep(S)
+    step = GaussianNoiseStep(sigma, clip, q=0.05, tolerate=l)
     u = torch.zeros(k, d)
     noisy = step.client(clip.client(u, ctx), ctx)
     share = S * sigma / math.sqrt(k - l)
@@ -105,11 +105,11 @@ def test_local_and_central_noise_scales(contexts):
     k, d, S, sigma = 5, 4000, 0.5, 2.0
     _, rctx = contexts(d)
     ctx = rctx(1, k)
-    local = GaussianNoise(sigma, Clip(S), q=0.1, noise="local")
+    local = GaussianNoiseStep(sigma, ClipStep(S), q=0.1, noise="local")
     local.participation.setup(100)
     rows = local.client(torch.zeros(k, d), ctx)
     assert all(_chi2_ok(r.numpy(), S * sigma) for r in rows)
-    central = GaussianNoise(sigma, Clip(S), q=0.1, noise="central")
+    central = GaussianNoiseStep(sigma, ClipStep(S), q=0.1, noise="central")
     assert torch.equal(central.client(torch.ones(k, d), ctx), torch.ones(k, d))  # clients add nothing
     ctx.cohort_size = 10
     agg = DPMeanAggregator()(Received(None, torch.zeros(d), k, np.zeros(k)), ctx)
@@ -120,7 +120,7 @@ def test_local_and_central_noise_scales(contexts):
 
 def test_local_noise_charges_the_worst_clients_participations(contexts):
     _, rctx = contexts(10)
-    step = GaussianNoise(1.0, Clip(1.0), q=0.1, noise="local")
+    step = GaussianNoiseStep(1.0, ClipStep(1.0), q=0.1, noise="local")
     step.participation.setup(6)
     cohorts = [[0, 1], [2, 3], [0, 4], [5], [0, 1]]
     charged = []
@@ -140,7 +140,7 @@ def test_local_noise_charges_the_worst_clients_participations(contexts):
         best = counts.max()
     assert charged == expect == [1, 0, 1, 0, 1]
     st = step.state_dict()
-    other = GaussianNoise(1.0, Clip(1.0), q=0.1, noise="local")
+    other = GaussianNoiseStep(1.0, ClipStep(1.0), q=0.1, noise="local")
     other.load_state_dict(st)
     assert other.participation.max == 3 and other.participation.counts.tolist() == counts.tolist()
 
@@ -149,7 +149,7 @@ def test_discrete_gaussian_sign_shares(contexts):
     k, n, sigma, l = 8, 3000, 0.9, 2
     _, rctx = contexts(n)
     ctx = rctx(4, k)
-    step = DiscreteGaussianShare(sigma, q=1 / 60, tolerate=l)
+    step = DiscreteGaussianShareStep(sigma, q=1 / 60, tolerate=l)
     mu = torch.where(torch.rand(k, n) < 0.5, 1, -1).to(torch.int8)
     z = step.client(mu, ctx)
     assert z.dtype == torch.int32
@@ -168,7 +168,7 @@ def test_attack_rows_may_omit_their_noise_share(contexts):
     _, rctx = contexts(100)
     ctx = rctx(1, 4)
     ctx.omit_noise = np.array([False, True, False, True])
-    step = GaussianNoise(1.0, Clip(1.0), q=0.1)
+    step = GaussianNoiseStep(1.0, ClipStep(1.0), q=0.1)
     u = torch.full((4, 100), 0.01)
     out = step.client(u, ctx)
     assert torch.equal(out[1], u[1]) and torch.equal(out[3], u[3])
@@ -178,16 +178,16 @@ def test_attack_rows_may_omit_their_noise_share(contexts):
 
 def test_bad_parameters_are_refused(contexts):
     with pytest.raises(ConfigError, match="noise placement"):
-        GaussianNoise(1.0, Clip(1.0), 0.1, noise="trusted")
+        GaussianNoiseStep(1.0, ClipStep(1.0), 0.1, noise="trusted")
     with pytest.raises(ConfigError, match="tolerate"):
-        GaussianNoise(1.0, Clip(1.0), 0.1, tolerate=-1)
+        GaussianNoiseStep(1.0, ClipStep(1.0), 0.1, tolerate=-1)
     with pytest.raises(ConfigError, match="only applies to distributed"):
-        DiscreteGaussianShare(1.0, 0.1, tolerate=2, noise="local")
+        DiscreteGaussianShareStep(1.0, 0.1, tolerate=2, noise="local")
     with pytest.raises(ConfigError, match="σ"):
-        GaussianNoise(0.0, Clip(1.0), 0.1)
+        GaussianNoiseStep(0.0, ClipStep(1.0), 0.1)
     with pytest.raises(ConfigError, match="clip bound"):
-        Clip(-1.0)
+        ClipStep(-1.0)
     _, rctx = contexts(10)
-    step = GaussianNoise(1.0, Clip(1.0), 0.1, tolerate=3)
+    step = GaussianNoiseStep(1.0, ClipStep(1.0), 0.1, tolerate=3)
     with pytest.raises(RoundAborted, match="cannot tolerate"):
         step.client(torch.zeros(3, 10), rctx(1, 3))
