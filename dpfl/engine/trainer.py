@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -205,21 +206,31 @@ class Trainer:
                 dp.weight[s:s + step, t]) for s in range(0, k, step)]
         grads = {n: torch.cat([p[n] for p in parts]) if len(parts) > 1 else parts[0][n] for n in params}
         dtypes = {g.dtype for g in grads.values()}
-        noise = torch.empty(sum(g[0].numel() for g in grads.values()),
-                            dtype=dtypes.pop() if len(dtypes) == 1 else torch.float64)
-        for c in range(k):  # (Σ clipped + noise from the row's own stream) / L, as dpsgd.core.noisy_gradient
-            if dp.noise_multiplier > 0:  # the values of gaussian_like(row c's grads, σC, rngs[c])
-                dp.rngs[c].gaussian_into(noise, dp.noise_multiplier * dp.clip)  # drawn on the CPU
-            on_device = noise.to(xb.device)
-            i, scale = 0, float(dp.expected[c])
-            for g in grads.values():
-                gc = g[c]
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float64
+        bufs = [torch.empty(sum(g[0].numel() for g in grads.values()), dtype=dtype)
+                for _ in range(min(k, max(1, torch.get_num_threads())))]
+
+        def draw(j: int, c: int) -> None:  # the values of gaussian_like(row c's grads, σC, rngs[c]), on the CPU
+            dp.rngs[c].gaussian_into(bufs[j], dp.noise_multiplier * dp.clip)
+
+        # (Σ clipped + noise from the row's own stream) / L, as dpsgd.core.noisy_gradient; each row's
+        # noise comes from its own generator, so drawing rows in threads changes only the wall time
+        with ThreadPoolExecutor(len(bufs)) as pool:
+            for s in range(0, k, len(bufs)):
+                rows = range(s, min(k, s + len(bufs)))
                 if dp.noise_multiplier > 0:
-                    gc.add_(on_device[i:i + gc.numel()].view(gc.shape))
-                    i += gc.numel()
-                gc.div_(scale)
-                if sign is not None:
-                    gc.mul_(float(sign[c]))
+                    list(pool.map(draw, range(len(rows)), rows))
+                for j, c in enumerate(rows):
+                    on_device = bufs[j].to(xb.device)
+                    i, scale = 0, float(dp.expected[c])
+                    for g in grads.values():
+                        gc = g[c]
+                        if dp.noise_multiplier > 0:
+                            gc.add_(on_device[i:i + gc.numel()].view(gc.shape))
+                            i += gc.numel()
+                        gc.div_(scale)
+                        if sign is not None:
+                            gc.mul_(float(sign[c]))
         return grads
 
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,

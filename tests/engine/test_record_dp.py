@@ -354,3 +354,15 @@ def test_record_dp_configs_are_setting_d_with_a_record_level_target(eps):
         got.pop(key), base.pop(key)
     got["eval"].pop("every"), base["eval"].pop("every"), got["run"].pop("threads"), base["run"].pop("threads")
     assert got == base
+
+
+def test_noise_drawn_in_threads_is_the_noise_drawn_in_one(tiny_config):
+    # each client's DP-SGD noise comes from its own stream: drawing rows in run.threads threads
+    # changes the wall time only (the tiny model's kernels are too small to split across threads)
+    runs = []
+    for threads in (1, 3):
+        sim = Simulation(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "run.threads": threads}), None,
+                         log=lambda s: None)
+        sim.run()
+        runs.append(sim.w.clone())
+    assert torch.equal(*runs)
