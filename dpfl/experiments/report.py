@@ -245,6 +245,8 @@ def plot_curves(ax, curves: list[tuple[str, list[dict]]], xkey: str, annotate: b
             ax.annotate(f"{b[key]:.4f} @ round {b['round']}", (b[xkey], b[key]), textcoords="offset points",
                         xytext=(-8, 6) if right else (8, 6), ha="right" if right else "left", fontsize=7,
                         color=color)
+    if annotate:
+        ax.margins(y=0.1)  # room above the highest star for its label
     if xkey == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     elif xkey.endswith("bytes_per_client"):
