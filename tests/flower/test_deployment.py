@@ -47,7 +47,7 @@ def test_fl_sign_dp_with_secure_aggregation_over_flower_matches_the_simulator(tm
         np.savez(paths[i], x=fed.x[idx].numpy(), y=fed.y[idx].numpy())
     try:
         res = run_local(tomli_w.dumps(data), tmp_path / "run", tls=True, reproducible=True, data_paths=paths,
-                        timeout=300, log=print)
+                        timeout=600, log=print)  # a hang guard: 3 min idle, over 5 under load
     finally:
         left = _leftovers(str(tmp_path))
         for pid in left:
