@@ -67,6 +67,14 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     unknown = [r for r in chosen if r not in all_rows]
     if unknown:
         raise ConfigError(f"table {table}: unknown row(s) {unknown}; rows: {', '.join(all_rows)}")
+    if accountant is not None:
+        from typing import get_args
+
+        from dpfl.config import PrivacyConfig
+
+        names = get_args(PrivacyConfig.model_fields["accountant"].annotation)
+        if accountant not in names:
+            raise ConfigError(f"--accountant must be one of {', '.join(names)}, got {accountant!r}")
     base = out / (table + (f"-{accountant}" if accountant else ""))
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)

@@ -65,6 +65,13 @@ def test_report_only_without_runs_is_an_error(tmp_path):
                         console=Console(), execute=_never, report_only=True)
 
 
+
+def test_an_unknown_accountant_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ConfigError, match="--accountant must be one of moments, rdp, pld, got 'bogus'"):
+        reproduce_table("table-4.2", rows=["fl-rnd_r0.05"], rounds=None, out=tmp_path, overrides=[],
+                        accountant="bogus", console=Console(), execute=_never)
+    assert list(tmp_path.iterdir()) == []
+
 def _record_dirs():
     return sorted(p.parent for p in RECORDS.glob("*/*/metrics.jsonl"))
 
