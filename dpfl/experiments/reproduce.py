@@ -58,6 +58,22 @@ def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
     return thesis, rows
 
 
+def private_rows(table: str, all_rows: dict[str, Path], chosen: list[str], explicit: bool) -> list[str]:
+    """The rows `--accountant` applies to: those whose scheme accounts a client-level ε. A row named
+    with --row that is not one, or a table without any, is a ConfigError."""
+    from dpfl.config import load_config
+    from dpfl.schemes.index import PRIVATE
+
+    private = [r for r in chosen if load_config(all_rows[r]).scheme.name in PRIVATE]
+    other = [r for r in chosen if r not in private]
+    if explicit and other:
+        raise ConfigError(f"--accountant applies to client-level DP rows only; {', '.join(other)} "
+                          f"of {table} account no ε")
+    if not private:
+        raise ConfigError(f"--accountant applies to client-level DP rows only; {table} has none")
+    return private
+
+
 def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, overrides: list[str],
                     accountant: str | None, console: Console, execute: Callable,
                     report_only: bool = False, wide: bool = False, overwrite: bool = False,
@@ -75,6 +91,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
         names = get_args(PrivacyConfig.model_fields["accountant"].annotation)
         if accountant not in names:
             raise ConfigError(f"--accountant must be one of {', '.join(names)}, got {accountant!r}")
+        chosen = private_rows(table, all_rows, chosen, explicit=bool(rows))
     base = out / (table + (f"-{accountant}" if accountant else ""))
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
@@ -193,7 +210,8 @@ def report_table(table: str, thesis: dict, chosen: list[str], base: Path, consol
     """Measured vs thesis from existing run directories under `base`; rows never run are listed as such."""
     results, missing = collect_runs(table, base, chosen)
     if not results:
-        raise ConfigError(f"no run of {table} under {base}; run it with `dpfl reproduce {table}`")
+        acct = f" --accountant {base.name[len(table) + 1:]}" if base.name != table else ""
+        raise ConfigError(f"no run of {table} under {base}; run it with `dpfl reproduce {table}{acct}`")
     compare = print_comparison(table, thesis, results, console, wide)
     if missing:
         console.print(f"not run yet: {', '.join(missing)}", highlight=False)

@@ -50,6 +50,10 @@ SCHEMES: dict[str, tuple[str, str]] = {name: (module, desc) for module, names in
                                        for name, desc in names.items()}
 
 
+# the schemes whose steps add privacy events (the run keeps a client-level ε ledger)
+PRIVATE: frozenset[str] = frozenset(_BY_MODULE["dpfl.schemes.catalog_dp"]) | {"qsgd-dp"}
+
+
 def list_schemes() -> dict[str, str]:
     """Scheme name -> description, sorted by name."""
     return {name: desc for name, (_, desc) in sorted(SCHEMES.items())}

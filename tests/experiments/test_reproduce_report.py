@@ -72,6 +72,29 @@ def test_an_unknown_accountant_is_refused_before_anything_is_written(tmp_path):
                         accountant="bogus", console=Console(), execute=_never)
     assert list(tmp_path.iterdir()) == []
 
+
+@pytest.mark.parametrize("table,rows,words", [
+    ("table-4.2", [], "table-4.2 has none"),  # no DP row at all
+    ("table-6.10", ["fl-sign-10"], "fl-sign-10 of table-6.10 account no ε"),  # a named non-DP row
+])
+def test_an_accountant_on_rows_without_dp_is_refused_before_anything_is_written(tmp_path, table, rows, words):
+    with pytest.raises(ConfigError, match=words):
+        reproduce_table(table, rows=rows, rounds=None, out=tmp_path, overrides=[], accountant="pld",
+                        console=Console(), execute=_never)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_accountant_on_a_mixed_table_runs_its_dp_rows_only(tmp_path):
+    with pytest.raises(ConfigError, match="no run of table-6.10 under .*table-6.10-pld; .*--accountant pld"):
+        reproduce_table("table-6.10", rows=[], rounds=None, out=tmp_path, overrides=[], accountant="pld",
+                        console=Console(), execute=_never, report_only=True)
+    from dpfl.experiments.reproduce import private_rows, table_rows
+
+    all_rows = table_rows("table-6.10")[1]
+    ran = private_rows("table-6.10", all_rows, list(all_rows), explicit=False)
+    assert ran == [r for r in all_rows if r.startswith("fl-sign-dp-")] and len(ran) == 9
+
+
 def _record_dirs():
     return sorted(p.parent for p in RECORDS.glob("*/*/metrics.jsonl"))
 
