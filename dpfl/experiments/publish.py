@@ -58,6 +58,11 @@ EXTRA_LABELS = {"step_up_bits_per_value": ("bits/param", "bits"), "source_accura
                 "attack_success": ("attack success", "attack_success")}
 
 
+# Records of committed configs that are not thesis rows: records/<folder>/<config stem>/ holds the run of
+# dpfl/experiments/configs/<folder>/<config stem>.toml; its block (named <folder>) goes into the doc given.
+CONFIG_RUNS = {"record-dp": "docs/record-dp.md"}
+
+
 # ---- records -------------------------------------------------------------------------------------
 
 def record_tables(records: Path) -> dict[str, list[str | None]]:
@@ -69,7 +74,7 @@ def record_tables(records: Path) -> dict[str, list[str | None]]:
     known = list_tables()
     out: dict[str, list[str | None]] = {}
     for d in sorted(p for p in Path(records).iterdir() if p.is_dir()):
-        if not any(d.glob("*/metrics.jsonl")):
+        if d.name in CONFIG_RUNS or not any(d.glob("*/metrics.jsonl")):
             continue
         acct = next((a for a in ACCOUNTANTS if d.name.endswith(f"-{a}") and d.name[: -len(a) - 1] in known), None)
         table = d.name[: -len(acct) - 1] if acct else d.name
@@ -359,6 +364,56 @@ def table_figure(records: Path, table: str, variants: list[str | None], path: Pa
     return path
 
 
+def config_runs(records: Path, folder: str) -> list[tuple[Path, Path]]:
+    """(run directory, committed config) for every record under records/<folder>; a record whose config
+    is not committed, or differs from it, is a ConfigError."""
+    from dpfl.config import load_config
+    from dpfl.experiments import configs_root
+    from dpfl.experiments.report import config_diff
+
+    out = []
+    for d in sorted(p.parent for p in (Path(records) / folder).glob("*/metrics.jsonl")):
+        src = configs_root() / folder / f"{d.name}.toml"
+        if not src.is_file():
+            raise ConfigError(f"{d}: no committed config {src.name} in dpfl/experiments/configs/{folder}")
+        diff = config_diff(load_config(src), load_config(d / "config.toml"))
+        if diff:
+            raise ConfigError(f"{d}: run with a config that differs from {src.name} ({', '.join(diff)})")
+        out.append((d, src))
+    return out
+
+
+def record_dp_block(records: Path, rel: str) -> str:
+    """Record-level DP-SGD runs of the committed configs: σ, ε reached, accuracy."""
+    from dpfl.config import load_config
+    from dpfl.experiments.report import load_run
+
+    lines = [("| config | record-level ε target (δ) | σ | ε max / median reached | clients spent | "
+             "best accuracy (round) | last accuracy (round) | rounds | machine | record |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for d, src in config_runs(records, "record-dp"):
+        summary, metrics = load_run(d)
+        cfg = load_config(src)
+        planned, done, best, end = cfg.federation.rounds, len(metrics), summary["best"], metrics[-1]
+        last = next(m for m in reversed(metrics) if "accuracy" in m)
+        rounds = f"{done} of {planned}" + ("" if done == planned else " (cut short)")
+        if summary.get("stopped"):
+            rounds += f", stopped: {summary['stopped']}"
+        rl = summary.get("record_level", {})  # written when the run ends
+        sigma = f"{rl['noise_multiplier']:.4f}" if rl else "(in the checkpoint)"
+        mach = summary.get("machine", {})
+        where = (mach.get("gpu") or f"{mach['cpu']}, {mach['threads']} thread(s)") if mach else "—"
+        dp = cfg.train.dpsgd
+        lines.append(f"| `{src.name}` | {dp.target_epsilon:g} ({dp.delta:g}) | {sigma} | "
+                     f"{end['record_epsilon_max']:.4f} / {end['record_epsilon_median']:.4f} | "
+                     f"{end['record_clients_spent']} | {best['accuracy']:.4f} ({best['round']}) | "
+                     f"{last['accuracy']:.4f} ({last['round']}) | {rounds} | {where} | "
+                     f"[{d.name}]({rel}/record-dp/{d.name}) |")
+    if len(lines) == 2:
+        raise ConfigError("records/record-dp holds no run")
+    return "\n".join(lines)
+
+
 # ---- splicing ------------------------------------------------------------------------------------
 
 def splice(text: str, name: str, body: str, source: str) -> str:
@@ -386,7 +441,9 @@ def generated(root: Path) -> dict[Path, str]:
             (root / "docs" / "RESULTS.md",
              {"scoreboard": lambda: scoreboard_block(records),
               **{t: (lambda t=t, v=v: table_block(records, t, v, "../records", f"figures/{t}.png"))
-                 for t, v in tables.items()}})):
+                 for t, v in tables.items()}}),
+            *[(root / CONFIG_RUNS["record-dp"], {"record-dp": lambda: record_dp_block(records, "../records")})]
+            * (records / "record-dp").is_dir()):
         text = doc.read_text()
         stale = [n for n in block_names(text) if n not in blocks]
         if stale:
