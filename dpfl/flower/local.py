@@ -107,6 +107,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+# Flower 1.41 gives a launched ServerApp/ClientApp process HEARTBEAT_DEFAULT_INTERVAL = 30 s from its launch
+# to its first heartbeat; a process too starved of CPU to import Flower in time is refused ("Runtime
+# task-token authentication failed") and launched again, with no end.
+TOKEN_WINDOW_S = 30
+REFUSED_LAUNCHES = 3
+_REFUSED = "/v1/runtime/send-task-heartbeat][ApiError:1008] Runtime task-token authentication failed"
+
+
+def refused_launches(logs: Path) -> int:
+    """How many app processes the federation's SuperLink and SuperNodes refused for a late first heartbeat."""
+    n = 0
+    for f in Path(logs).glob("super*.log"):
+        try:
+            n += f.read_text(errors="replace").count(_REFUSED)
+        except OSError:
+            pass
+    return n
+
+
 class LocalFederation:
     """SuperLink + `nodes` SuperNodes on 127.0.0.1 (free ports), optionally with TLS and
     SuperNode authentication. `node_config(i)` adds keys to node i's --node-config (its
@@ -241,10 +260,17 @@ class LocalFederation:
         log_path = self.dir / "logs" / "run.log"
         before = _children_cpu()
         p = self._spawn(self.run_command(app_dir, run_config), "run")
-        try:
-            p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise FederationError(f"the run did not finish within {timeout:.0f} s; see {log_path}") from None
+        deadline = time.monotonic() + timeout
+        while p.poll() is None:
+            if time.monotonic() > deadline:
+                raise FederationError(f"the run did not finish within {timeout:.0f} s; see {log_path}")
+            refused = refused_launches(self.dir / "logs")
+            if refused >= REFUSED_LAUNCHES:
+                raise FederationError(
+                    f"Flower refused {refused} app launches (\"Runtime task-token authentication failed\"): an "
+                    f"app process must send its first heartbeat within {TOKEN_WINDOW_S} s of being launched, and "
+                    "this machine is too loaded to start one that fast; see the logs in " + str(self.dir / "logs"))
+            time.sleep(0.5)
         self._cpu_done += _children_cpu() - before
         text = log_path.read_text(errors="replace")
         if p.returncode:

@@ -78,3 +78,35 @@ def test_local_commands_are_the_documented_ones(tmp_path):
     assert cmds[-1].endswith("app dpfl-local --stream")
     with pytest.raises(ConfigError, match="needs TLS"):
         LocalFederation(tmp_path, 2, tls=False, auth=True)
+
+
+def test_a_run_whose_app_launches_flower_keeps_refusing_fails_fast_with_one_line(tmp_path, monkeypatch):
+    """Flower refuses an app process whose first heartbeat is late (a starved machine) and launches it
+    again forever; the run stops at the third refusal instead of waiting for its timeout."""
+    import time
+
+    from dpfl.flower import local
+    from dpfl.flower.local import FederationError
+
+    fed = LocalFederation(tmp_path, 2)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    line = "ERROR :     [" + local._REFUSED.split("]", 1)[0] + "][ApiError:1008] Runtime task-token authentication failed.\n"
+    (logs / "superlink.log").write_text(line * 2)
+    monkeypatch.setattr(fed, "run_command", lambda *a: ["sleep", "0.2"])
+    fed.run("app", timeout=30)  # two refusals: still a run
+    fed.procs.clear()
+    (logs / "supernode-1.log").write_text(line)
+    monkeypatch.setattr(fed, "run_command", lambda *a: ["sleep", "30"])
+    t = time.monotonic()
+    with pytest.raises(FederationError, match=r"^Flower refused 3 app launches .* within 30 s .*too loaded") as e:
+        fed.run("app", timeout=60)
+    assert time.monotonic() - t < 10 and "\n" not in str(e.value)
+    fed.stop()
+
+
+def test_the_token_window_is_flowers():
+    flwr = pytest.importorskip("flwr.common.constant")
+    from dpfl.flower.local import TOKEN_WINDOW_S
+
+    assert flwr.HEARTBEAT_DEFAULT_INTERVAL == TOKEN_WINDOW_S
