@@ -82,7 +82,7 @@ def test_local_commands_are_the_documented_ones(tmp_path):
 
 def test_a_run_whose_app_launches_flower_keeps_refusing_fails_fast_with_one_line(tmp_path, monkeypatch):
     """Flower refuses an app process whose first heartbeat is late (a starved machine) and launches it
-    again forever; the run stops at the third refusal instead of waiting for its timeout."""
+    again forever; the run stops at the fifth refusal instead of waiting for its timeout."""
     import time
 
     from dpfl.flower import local
@@ -92,14 +92,14 @@ def test_a_run_whose_app_launches_flower_keeps_refusing_fails_fast_with_one_line
     logs = tmp_path / "logs"
     logs.mkdir()
     line = "ERROR :     [" + local._REFUSED.split("]", 1)[0] + "][ApiError:1008] Runtime task-token authentication failed.\n"
-    (logs / "superlink.log").write_text(line * 2)
+    (logs / "superlink.log").write_text(line * 4)
     monkeypatch.setattr(fed, "run_command", lambda *a: ["sleep", "0.2"])
-    fed.run("app", timeout=30)  # two refusals: still a run
+    fed.run("app", timeout=30)  # four refusals: still a run
     fed.procs.clear()
     (logs / "supernode-1.log").write_text(line)
     monkeypatch.setattr(fed, "run_command", lambda *a: ["sleep", "30"])
     t = time.monotonic()
-    with pytest.raises(FederationError, match=r"^Flower refused 3 app launches .* within 30 s .*too loaded") as e:
+    with pytest.raises(FederationError, match=r"^Flower refused 5 app launches .* within 30 s .*too loaded") as e:
         fed.run("app", timeout=60)
     assert time.monotonic() - t < 10 and "\n" not in str(e.value)
     fed.stop()
