@@ -23,3 +23,7 @@ class BudgetExceededError(PrivacyError):
 
 class ProtocolError(DpflError, ValueError):
     """A client message violates the protocol (wrong length, modulus, duplicate, late...)."""
+
+
+class RunStopped(DpflError):
+    """A run was asked to stop (SIGINT/SIGTERM); it finished its round and saved a checkpoint."""

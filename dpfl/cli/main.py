@@ -93,6 +93,11 @@ console = Console()
 def _fail(e: Exception) -> None:
     from rich.markup import escape
 
+    from dpfl.errors import RunStopped
+
+    if isinstance(e, RunStopped):  # asked to stop: not an error
+        console.print(escape(str(e)), soft_wrap=True)
+        raise typer.Exit(130)
     console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from dpfl.config import RunConfig, dump_config, load_config
 from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
-from dpfl.errors import BudgetExceededError, ConfigError, DataError
+from dpfl.errors import BudgetExceededError, ConfigError, DataError, RunStopped
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext, Step
 from dpfl.schemes.registry import Scheme, build_scheme
@@ -129,6 +129,39 @@ def _best_metric(cfg: RunConfig, task: str) -> str:
 def is_run_dir(out: Path) -> bool:
     """True if `out` holds files of a run (config, metrics, checkpoint or summary)."""
     return any((out / f).exists() for f in RUN_FILES)
+
+
+class StopRequest:
+    """While active (main thread only), the first SIGINT or SIGTERM is noted instead of killing the run,
+    which then ends its round, saves a checkpoint and stops; a second one acts as usual."""
+
+    def __init__(self):
+        self.signal: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _note(self, signum, frame) -> None:
+        import signal
+
+        self.signal = signal.Signals(signum).name
+        for s, h in self._old.items():  # a second signal stops at once
+            signal.signal(s, h)
+        os.write(2, f"\n{self.signal}: finishing this round, then saving a checkpoint (again to stop now)\n".encode())
+
+    def __enter__(self) -> Self:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                old = signal.signal(s, self._note)
+                self._old[s] = signal.SIG_DFL if old is None else old  # None: not set from Python
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for s, h in self._old.items():
+            signal.signal(s, h)
 
 
 class Simulation:
@@ -465,20 +498,27 @@ class Simulation:
         if self.ledger is not None:
             self.log(self.accounting_note())
         total = self.cfg.federation.rounds
-        while self.round < total:
-            try:
-                m = self.step_round()
-            except BudgetExceededError as e:
-                self.stopped_reason = str(e)
-                self.log(f"stopping: {e}")
-                break
-            if self.out:
-                with open(self.out / METRICS, "a") as f:
-                    f.write(json.dumps(m) + "\n")
-                if self.round % self.cfg.run.checkpoint_every == 0 or self.round == total:
-                    self.save_checkpoint()
-            if on_round:
-                on_round(m)
+        with StopRequest() as stop:
+            while self.round < total:
+                try:
+                    m = self.step_round()
+                except BudgetExceededError as e:
+                    self.stopped_reason = str(e)
+                    self.log(f"stopping: {e}")
+                    break
+                if self.out:
+                    with open(self.out / METRICS, "a") as f:
+                        f.write(json.dumps(m) + "\n")
+                    if self.round % self.cfg.run.checkpoint_every == 0 or self.round == total:
+                        self.save_checkpoint()
+                if on_round:
+                    on_round(m)
+                if stop.signal and self.round < total:
+                    if self.out:
+                        self.save_checkpoint()
+                    where = (f"checkpoint saved; resume with `dpfl run --resume {self.out}`" if self.out
+                             else "no run directory: nothing saved")
+                    raise RunStopped(f"stopped by {stop.signal} after round {self.round} of {total}; {where}")
         if self.out:
             self.save_checkpoint()
         summary = self.summary()

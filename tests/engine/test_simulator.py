@@ -59,6 +59,62 @@ def test_resume_is_bit_identical(tmp_path, tiny_config):
     assert torch.equal(resumed.w, full.w)
 
 
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_ends_the_round_saves_a_checkpoint_and_resume_equals_an_uninterrupted_run(
+        tmp_path, tiny_config, signame):
+    import os
+    import signal
+
+    from dpfl.errors import RunStopped
+
+    full = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "full", log=lambda s: None)
+    full.run()
+
+    def signal_in_round_3(m):
+        if m["round"] == 3:
+            os.kill(os.getpid(), getattr(signal, signame))
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    part = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "part", log=lambda s: None)
+    with pytest.raises(RunStopped, match=f"stopped by {signame} after round 3 of 6; checkpoint saved; resume with"):
+        part.run(signal_in_round_3)  # checkpoint_every = 2: without the signal the checkpoint would be at 2
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert len(metrics(tmp_path / "part")) == 3 and not (tmp_path / "part" / "summary.json").exists()
+    resumed = Simulation.resume(tmp_path / "part", log=lambda s: None)
+    assert resumed.round == 3
+    resumed.run()
+    assert metrics(tmp_path / "part") == metrics(tmp_path / "full")
+    assert torch.equal(resumed.w, full.w)
+
+
+def test_cli_run_stopped_by_sigterm_exits_130_with_the_resume_command(tmp_path, tiny_config):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dpfl.config import dump_config
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dump_config(tiny_config(**{"federation.rounds": 10_000, "run.checkpoint_every": 10_000})))
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "dpfl.cli.main", "run", str(cfg), "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "COLUMNS": "200"})
+    deadline = time.monotonic() + 120
+    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2):
+        assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.poll() is not None else ""
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    text = p.communicate(timeout=120)[0]
+    assert p.returncode == 130, text
+    done = len(metrics(out))
+    assert f"stopped by SIGTERM after round {done} of 10000; checkpoint saved; resume with `dpfl run --resume" in text
+    assert "error" not in text.lower()
+    assert Simulation.resume(out, log=lambda s: None).round == done
+
+
 def test_fl_std_bytes_measured_equal_formula(tmp_path, tiny_config):
     sim = Simulation(tiny_config(), tmp_path, log=lambda s: None)
     sim.run()
