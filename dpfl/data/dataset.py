@@ -129,3 +129,11 @@ def images_to_tensor(x: np.ndarray) -> torch.Tensor:
 
 def labels_to_tensor(y: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(y).astype(np.int64).reshape(-1))
+
+
+COMPACT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16)  # how features may be stored (binary, half)
+
+
+def as_model_input(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Features kept in compact storage (uint8, half precision) cast to the model's float dtype; others as they are."""
+    return x.to(dtype) if x.dtype in COMPACT_DTYPES else x

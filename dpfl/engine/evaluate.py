@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpfl.data.dataset import as_model_input
 from dpfl.models.loss import loss_per_sample
 
 
@@ -24,8 +25,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batc
     losses, outs = [], []
     for s in range(0, x.shape[0], batch_size):
         xb = x[s : s + batch_size]
-        if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
-            xb = xb.to(next(model.parameters()).dtype)
+        xb = as_model_input(xb, next(model.parameters()).dtype)
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         out = model(xb)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dpfl.data.dataset import as_model_input
 from dpfl.dpsgd.core import clipped_grad_sum
 from dpfl.engine.cohort import CohortModel, LowRank
 from dpfl.errors import ConfigError
@@ -136,8 +137,7 @@ class Trainer:
         for t in range(batches.shape[1]):
             idx = batches[:, t]
             xb, yb = x[idx], y[idx]
-            if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16):
-                xb = xb.to(w.dtype)  # compact storage (binary / half-precision features)
+            xb = as_model_input(xb, w.dtype)
             if dp is not None:
                 grads = self._dp_grads({n: params[n] for n in dense}, xb, yb, dp, t, sign, dp_out)
             elif self.cohort.mode == "fx":

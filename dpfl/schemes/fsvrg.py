@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from dpfl.data.dataset import as_model_input
 from dpfl.schemes.base import ClientPlan, RoundContext, SetupContext, Step
 
 GRAD_SAMPLES = 8192  # samples per chunk of the round-start full-gradient pass
@@ -70,7 +71,7 @@ class FSVRGStep(Step):
                 weight[i, : len(r)] = 1
             idx_t = torch.from_numpy(idx).to(w.device)
             xb = x[idx_t]
-            xb = xb.to(torch.float32) if xb.dtype in (torch.uint8, torch.float16, torch.bfloat16) else xb
+            xb = as_model_input(xb)
             wk = w.expand(len(part), n).contiguous()
             out[s : s + len(part)] = self.cohort_model.client_grads(
                 wk, xb, y[idx_t], weight=torch.from_numpy(weight).to(w.device))

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpfl.data.dataset import as_model_input
 from dpfl.errors import ProtocolError
 from dpfl.schemes.base import ClientPlan, RoundContext, SetupContext, Step
 from dpfl.schemes.client_state import ClientTable
@@ -134,8 +135,7 @@ class SubFedAvgStep(Step):
     @torch.no_grad()
     def _personal_metrics(self, ctx: RoundContext, w: torch.Tensor, masks: torch.Tensor) -> None:
         x, y = self.fed.x_test[self._eval_idx], self.fed.y_test[self._eval_idx]
-        if x.dtype in (torch.uint8, torch.float16, torch.bfloat16):
-            x = x.to(torch.float32)
+        x = as_model_input(x)
         k = len(ctx.cohort)
         yk = y.reshape(-1)
         own = torch.stack([torch.isin(yk, torch.unique(self.fed.y[torch.from_numpy(self.fed.clients[c]).to(y.device)]
