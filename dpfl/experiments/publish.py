@@ -11,6 +11,7 @@ records).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -388,9 +389,9 @@ def record_dp_block(records: Path, rel: str) -> str:
     from dpfl.config import load_config
     from dpfl.experiments.report import load_run
 
-    lines = [("| config | record-level ε target (δ) | σ | ε max / median reached | clients spent | "
-             "best accuracy (round) | last accuracy (round) | rounds | machine | record |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| config | record-level ε target (δ) | σ | noise std per weight per round | ε max / median reached | "
+              "clients spent | best accuracy (round) | last accuracy (round) | rounds | machine | record |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for d, src in config_runs(records, "record-dp"):
         summary, metrics = load_run(d)
         cfg = load_config(src)
@@ -401,10 +402,15 @@ def record_dp_block(records: Path, rel: str) -> str:
             rounds += f", stopped: {summary['stopped']}"
         rl = summary.get("record_level", {})  # written when the run ends
         sigma = f"{rl['noise_multiplier']:.4f}" if rl else "(in the checkpoint)"
+        t = cfg.train  # what each weight receives a round: η·σC/B per step, T steps, mean of |K| (plain SGD)
+        noise = "—"
+        if rl and t.optimizer == "sgd" and not t.momentum:
+            per_round = t.lr * rl["noise_multiplier"] * rl["clip"] / t.batch_size * math.sqrt(t.steps)
+            noise = f"{per_round / math.sqrt(cfg.federation.clients_per_round):.4f}"
         mach = summary.get("machine", {})
         where = (mach.get("gpu") or f"{mach['cpu']}, {mach['threads']} thread(s)") if mach else "—"
         dp = cfg.train.dpsgd
-        lines.append(f"| `{src.name}` | {dp.target_epsilon:g} ({dp.delta:g}) | {sigma} | "
+        lines.append(f"| `{src.name}` | {dp.target_epsilon:g} ({dp.delta:g}) | {sigma} | {noise} | "
                      f"{end['record_epsilon_max']:.4f} / {end['record_epsilon_median']:.4f} | "
                      f"{end['record_clients_spent']} | {best['accuracy']:.4f} ({best['round']}) | "
                      f"{last['accuracy']:.4f} ({last['round']}) | {rounds} | {where} | "

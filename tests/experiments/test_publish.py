@@ -180,12 +180,14 @@ def test_record_dp_block_is_generated_from_the_runs_of_committed_configs(tmp_pat
     block = pub.record_dp_block(tmp_path, "../records")
     row = block.splitlines()[2]
     # unfinished: no summary yet, so σ is only in the checkpoint; the last metrics line gives ε
-    assert ("| `setting-d-eps8.toml` | 8 (1e-05) | (in the checkpoint) | 0.6000 / 0.3000 | 600 | "
+    assert ("| `setting-d-eps8.toml` | 8 (1e-05) | (in the checkpoint) | — | 0.6000 / 0.3000 | 600 | "
             "0.1600 (6) | 0.1600 (6) | 6 of 200 (cut short) | — |") in row
     (d / "summary.json").write_text(json.dumps({
         "best": {"round": 4, "accuracy": 0.14}, "machine": {"cpu": "X", "threads": 1},
         "record_level": {"noise_multiplier": 4.5, "clip": 1.0, "delta": 1e-5}}))
-    assert "| 4.5000 | 0.6000 / 0.3000 | 600 | 0.1400 (4) | 0.1600 (6) | 6 of 200 (cut short) | X, 1 thread(s) |" \
+    # setting D: η = 0.215, B = 10, T = 5, |K| = 100: 0.215 · 4.5 / 10 · √5 / 10 = 0.02163
+    assert ("| 4.5000 | 0.0216 | 0.6000 / 0.3000 | 600 | 0.1400 (4) | 0.1600 (6) | 6 of 200 (cut short) | "
+            "X, 1 thread(s) |") \
         in pub.record_dp_block(tmp_path, "../records")
     assert "record-dp" not in pub.record_tables(tmp_path)  # not a thesis table
 
