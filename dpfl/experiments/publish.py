@@ -450,6 +450,8 @@ def generated(root: Path) -> dict[Path, str]:
                  for t, v in tables.items()}}),
             *[(root / CONFIG_RUNS["record-dp"], {"record-dp": lambda: record_dp_block(records, "../records")})]
             * (records / "record-dp").is_dir()):
+        if not doc.is_file():
+            raise ConfigError(f"{doc} is missing: it holds generated blocks ({', '.join(blocks)})")
         text = doc.read_text()
         stale = [n for n in block_names(text) if n not in blocks]
         if stale:

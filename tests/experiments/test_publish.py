@@ -153,6 +153,10 @@ def test_cli_check_exits_1_on_a_stale_block_and_2_with_one_line_on_a_missing_mar
     (tmp_path / "docs").mkdir()
     (tmp_path / "records").symlink_to(ROOT / "records")
     shutil.copy(ROOT / "docs" / "RESULTS.md", tmp_path / "docs" / "RESULTS.md")
+    if (ROOT / "records" / "record-dp").is_dir():
+        res = CliRunner().invoke(app, ["publish", "--check", "--root", str(tmp_path)])
+        assert res.exit_code == 2 and "record-dp.md is missing" in " ".join(res.output.split())
+        shutil.copy(ROOT / "docs" / "record-dp.md", tmp_path / "docs" / "record-dp.md")
     readme = (ROOT / "README.md").read_text()
     (tmp_path / "README.md").write_text(readme.replace("| 0.8505 at round 200,", "| 0.8605 at round 200,"))
     res = CliRunner().invoke(app, ["publish", "--check", "--root", str(tmp_path)])
