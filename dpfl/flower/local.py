@@ -111,7 +111,7 @@ def _alive(pid: int) -> bool:
 # to its first heartbeat; a process too starved of CPU to import Flower in time is refused ("Runtime
 # task-token authentication failed") and launched again, with no end.
 TOKEN_WINDOW_S = 30
-REFUSED_LAUNCHES = 5  # ~35 s each: a passing load spike gets a few tries
+REFUSED_LAUNCHES = 5  # 30–60 s each: a passing load spike gets a few tries
 _REFUSED = "/v1/runtime/send-task-heartbeat][ApiError:1008] Runtime task-token authentication failed"
 
 
