@@ -14,10 +14,14 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from dpfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dpfl.config import RunConfig
 
 BEGIN = "<!-- BEGIN generated: {} -->"
 END = "<!-- END generated -->"
@@ -365,9 +369,9 @@ def table_figure(records: Path, table: str, variants: list[str | None], path: Pa
     return path
 
 
-def config_runs(records: Path, folder: str) -> list[tuple[Path, Path]]:
-    """(run directory, committed config) for every record under records/<folder>; a record whose config
-    is not committed, or differs from it, is a ConfigError."""
+def config_runs(records: Path, folder: str) -> list[tuple[Path, Path, RunConfig]]:
+    """(run directory, committed config file, its RunConfig) for every record under records/<folder>; a
+    record whose config is not committed, or differs from it, is a ConfigError."""
     from dpfl.config import load_config
     from dpfl.experiments import configs_root
     from dpfl.experiments.report import config_diff
@@ -377,24 +381,23 @@ def config_runs(records: Path, folder: str) -> list[tuple[Path, Path]]:
         src = configs_root() / folder / f"{d.name}.toml"
         if not src.is_file():
             raise ConfigError(f"{d}: no committed config {src.name} in dpfl/experiments/configs/{folder}")
-        diff = config_diff(load_config(src), load_config(d / "config.toml"))
+        cfg = load_config(src)
+        diff = config_diff(cfg, load_config(d / "config.toml"))
         if diff:
             raise ConfigError(f"{d}: run with a config that differs from {src.name} ({', '.join(diff)})")
-        out.append((d, src))
+        out.append((d, src, cfg))
     return out
 
 
 def record_dp_block(records: Path, rel: str) -> str:
     """Record-level DP-SGD runs of the committed configs: σ, ε reached, accuracy."""
-    from dpfl.config import load_config
     from dpfl.experiments.report import load_run
 
     lines = [("| config | record-level ε target (δ) | σ | noise std per weight per round | ε max / median reached | "
               "clients spent | best accuracy (round) | last accuracy (round) | rounds | machine | record |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for d, src in config_runs(records, "record-dp"):
+    for d, src, cfg in config_runs(records, "record-dp"):
         summary, metrics = load_run(d)
-        cfg = load_config(src)
         planned, done, best, end = cfg.federation.rounds, len(metrics), summary["best"], metrics[-1]
         last = next(m for m in reversed(metrics) if "accuracy" in m)
         rounds = f"{done} of {planned}" + ("" if done == planned else " (cut short)")
