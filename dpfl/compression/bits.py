@@ -78,12 +78,15 @@ def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
         raise DataError(f"sign input must have shape [k, n], got shape {tuple(x.shape)}")
     if x.dtype == torch.bool or x.is_complex():
         raise DataError(f"sign input must be numeric, got dtype {x.dtype}")
-    if x.is_floating_point() and torch.isnan(x).any():
+    if x.is_floating_point() and torch.isnan(x.sum()) and torch.isnan(x).any():  # a NaN makes the sum NaN
         raise DataError("sign input contains NaN; the sign of NaN is undefined")
-    out = (x > 0).to(torch.int8) * 2 - 1
-    for i in torch.nonzero((x == 0).any(1)).flatten().tolist():
-        row = random_sign(x[i : i + 1].detach().cpu().numpy(), rng_for_row(i))
-        out[i] = torch.from_numpy(row[0]).to(out.device)
+    out = torch.gt(x, 0).view(torch.int8)  # 1 where positive, else 0: one int8 array, then in place
+    out.add_(out).sub_(1)
+    zero = x == 0
+    for i in torch.nonzero(zero.any(1)).flatten().tolist():  # only the zeros of the row change
+        at = torch.nonzero(zero[i]).flatten()  # row-major order, as random_sign draws them
+        draws = (rng_for_row(i).integers(0, 2, size=at.numel(), dtype=np.int8) << 1) - np.int8(1)
+        out[i, at] = torch.from_numpy(draws).to(out.device)
     return out
 
 

@@ -345,7 +345,7 @@ class DiscreteGaussianShareStep(_NoiseStep):
         out = mu.astype(np.int32)  # int32 rows: half the memory of int64 (checked, never wrapped)
         for i, c in enumerate(ctx.cohort):  # row by row: bounded int64 memory
             if not skip[i]:
-                z = discrete_gaussian(mu[i].astype(np.int64), xi,
+                z = discrete_gaussian(mu[i], xi,  # integer mean of any width: added in int64
                                       ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
                 if z.size and max(-int(z.min()), int(z.max())) > np.iinfo(np.int32).max:
                     raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")

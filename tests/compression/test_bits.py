@@ -142,5 +142,12 @@ def test_random_sign_rows_and_sign_codec_fast_paths_equal_the_numpy_reference():
     bad[1, 0] = float("nan")
     with pytest.raises(DataError, match="NaN"):
         random_sign_rows(bad, lambda i: np.random.default_rng(i))
+    infs = x.clone()  # +inf and -inf make the NaN pre-check's sum NaN: not a NaN input
+    infs[4, :2] = torch.tensor([float("inf"), float("-inf")])
+    ref = np.concatenate([random_sign(infs[i : i + 1].numpy(), np.random.default_rng(i)) for i in range(6)])
+    assert np.array_equal(random_sign_rows(infs, lambda i: np.random.default_rng(i)).numpy(), ref)
+    infs[4, 5] = float("nan")
+    with pytest.raises(DataError, match="NaN"):
+        random_sign_rows(infs, lambda i: np.random.default_rng(i))
     with pytest.raises(DataError, match="NaN"):
         codec.encode(bad, np.random.default_rng(0))
