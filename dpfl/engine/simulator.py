@@ -8,6 +8,7 @@ so a run resumed from a checkpoint continues bit-identically.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -175,6 +176,7 @@ class Simulation:
         # a new run onto an existing one replaces its files only when asked to
         self._fresh = not _resuming
         self._overwrite = overwrite
+        self.code = [{**code_version(), "from_round": 1}]  # a resume adds the code that continues it
         if self.out and self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"output directory {self.out} is a file")
         if self.out and self._fresh and not overwrite and is_run_dir(self.out):
@@ -527,7 +529,7 @@ class Simulation:
         return summary
 
     def summary(self) -> dict[str, Any]:
-        return {"machine": machine(self.device), "name": self.cfg.name, "scheme": self.scheme.name,
+        return {"machine": machine(self.device), "code": self.code, "name": self.cfg.name, "scheme": self.scheme.name,
                 "describe": self.scheme.describe(),
                 "dataset": self.fed.source, "data": self.data_record(), "n_params": self.flat.n,
                 "rounds_run": self.round,
@@ -559,7 +561,7 @@ class Simulation:
                 "ledger": None if self.ledger is None else self.ledger.state_dict(),
                 "record": None if self.record is None else self.record.state_dict(),
                 "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason,
-                "sigmas": self.sigmas(), "data": self.data_record()}
+                "sigmas": self.sigmas(), "data": self.data_record(), "code": self.code}
 
     def save_checkpoint(self) -> None:
         ckpt.save(self.state_dict(), self.out / CHECKPOINT)
@@ -592,6 +594,14 @@ class Simulation:
             self.cum = {k: type(v)(st["cum"][k]) for k, v in self.cum.items()}
             self.best = st["best"]
             self.stopped_reason = st.get("stopped")
+            if "code" in st:  # checkpoints written before code versions were recorded have none
+                now = {**code_version(), "from_round": self.round + 1}
+                was = _code_history(st["code"], source)
+                same = was and {k: v for k, v in was[-1].items() if k != "from_round"} == code_version()
+                self.code = was if same else [*was, now]
+            else:
+                self.code = [{"dpfl": None, "commit": None, "modified": None, "from_round": 1},
+                             {**code_version(), "from_round": self.round + 1}]
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
             raise DataError(f"{source}: does not fit this run ({type(e).__name__}: {e})") from None
         self._fresh = False
@@ -703,6 +713,42 @@ def machine(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+@functools.cache
+def code_version() -> dict[str, Any]:
+    """The dpfl code this process runs: version, git commit and whether tracked files under dpfl/
+    differ from it (commit and modified are None outside a git checkout, e.g. an installed wheel)."""
+    import subprocess
+
+    import dpfl
+
+    root = Path(dpfl.__file__).resolve().parent.parent
+    out: dict[str, Any] = {"dpfl": dpfl.__version__, "commit": None, "modified": None}
+    if not (root / ".git").exists():
+        return out
+    try:
+        git = ["git", "-C", str(root)]
+        sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "dpfl"],
+                                 capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return out
+    if sha.returncode == 0 and changed.returncode == 0:
+        out.update(commit=sha.stdout.strip(), modified=bool(changed.stdout.strip()))
+    return out
+
+
+def _code_history(v: Any, source: str) -> list[dict[str, Any]]:
+    """A checkpoint's list of the code versions that ran its rounds, checked to be plain data."""
+    ok = isinstance(v, list) and all(
+        isinstance(e, dict) and set(e) == {"dpfl", "commit", "modified", "from_round"}
+        and isinstance(e["from_round"], int) and not isinstance(e["from_round"], bool)
+        and all(x is None or isinstance(x, str) for x in (e["dpfl"], e["commit"]))
+        and (e["modified"] is None or isinstance(e["modified"], bool)) for e in v)
+    if not ok:
+        raise DataError(f"{source}: 'code' must be a list of code versions (dpfl, commit, modified, from_round)")
+    return v
 
 
 _DP_GRAD_VALUES = 2**28  # per-example gradient values held at once by record-level DP-SGD (1 GiB float32)

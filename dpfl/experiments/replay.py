@@ -71,7 +71,29 @@ def replay_row(run_dir: Path, rounds: int, against: list[dict[str, Any]] | None 
     want = (load_run(run_dir)[1] if against is None else against)[:rounds]
     got = rerun(run_dir, len(want))
     keys = sorted({k for m in want for k in _comparable(m)})
-    return {"dir": str(run_dir), "rounds": len(want), "keys": keys, "diffs": compare(want, got), "got": got}
+    return {"dir": str(run_dir), "rounds": len(want), "keys": keys, "diffs": compare(want, got), "got": got,
+            "code": recorded_code(run_dir) if against is None else None}
+
+
+def recorded_code(run_dir: Path) -> list[dict[str, Any]] | None:
+    """The code versions the record names in summary.json (None: not finished, or recorded before them)."""
+    try:
+        code = json.loads((Path(run_dir) / "summary.json").read_text()).get("code")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return code if isinstance(code, list) else None
+
+
+def code_note(code: list[dict[str, Any]] | None) -> str:
+    """Which code made the record, beside the code replaying it: a difference may be a change of code."""
+    from dpfl.engine.simulator import code_version
+
+    now = code_version()
+    if not code:
+        return f"  the record does not name the code that made it; this checkout is commit {now['commit']}"
+    ran = ", ".join(f"{e.get('commit') or 'unknown'}{' (modified)' if e.get('modified') else ''} from round "
+                    f"{e.get('from_round')}" for e in code if isinstance(e, dict))
+    return f"  the record ran at commit {ran}; this checkout is {now['commit']}{' (modified)' if now['modified'] else ''}"
 
 
 def replay(records: Path, table: str, rounds: int, console: Console) -> list[dict[str, Any]]:
@@ -87,6 +109,8 @@ def replay(records: Path, table: str, rounds: int, console: Console) -> list[dic
                       highlight=False)
         for line in res["diffs"][:8]:
             console.print(f"  {line}", highlight=False, soft_wrap=True)
+        if res["diffs"]:
+            console.print(code_note(res["code"]), highlight=False, soft_wrap=True)
     t = Table(title=f"replay of {table}: first {rounds} round(s) vs the records")
     for c in ("row", "rounds", "metrics", "result"):
         t.add_column(c)

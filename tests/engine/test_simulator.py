@@ -59,6 +59,53 @@ def test_resume_is_bit_identical(tmp_path, tiny_config):
     assert torch.equal(resumed.w, full.w)
 
 
+def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path, tiny_config, monkeypatch):
+    """summary.json's `code` lists the dpfl version / git commit that ran the rounds, one entry per
+    version: a resume by the same code adds none, one by other code adds one from its first round."""
+    import subprocess
+
+    import dpfl
+    from dpfl.engine import checkpoint as ckpt
+    from dpfl.engine import simulator
+    from dpfl.errors import DataError
+
+    cfg = tiny_config(**{"federation.rounds": 4, "run.checkpoint_every": 2})
+    full = Simulation(cfg, tmp_path / "full", log=lambda s: None)
+    full.run()
+    code = json.loads((tmp_path / "full" / "summary.json").read_text())["code"]
+    assert code == [{**simulator.code_version(), "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
+    root = simulator.Path(dpfl.__file__).resolve().parent.parent
+    if (root / ".git").exists():
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert code[0]["commit"] == head.stdout.strip() and isinstance(code[0]["modified"], bool)
+
+    def stop_at_3(m):
+        if m["round"] == 3:
+            raise KeyboardInterrupt
+
+    for name, version in (("same", simulator.code_version()), ("other", {"dpfl": "9.9", "commit": "f" * 40, "modified": False})):
+        with pytest.raises(KeyboardInterrupt):
+            Simulation(cfg, tmp_path / name, log=lambda s: None).run(stop_at_3)  # checkpoint at round 2
+        monkeypatch.setattr(simulator, "code_version", lambda v=version: dict(v))
+        Simulation.resume(tmp_path / name, log=lambda s: None).run()
+        monkeypatch.undo()
+        got = json.loads((tmp_path / name / "summary.json").read_text())["code"]
+        want = code if name == "same" else [*code, {**version, "from_round": 3}]
+        assert got == want, name
+        assert metrics(tmp_path / name) == metrics(tmp_path / "full")
+
+    st = ckpt.load(tmp_path / "full" / "checkpoint.pt")
+    st["code"] = [{"dpfl": "0.1.0", "commit": 7}]
+    ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
+    with pytest.raises(DataError, match="'code' must be a list of code versions"):
+        Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
+    del st["code"]  # a checkpoint from before code versions: its rounds' code is unknown
+    ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
+    sim = Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
+    assert sim.code == [{"dpfl": None, "commit": None, "modified": None, "from_round": 1},
+                        {**simulator.code_version(), "from_round": 5}]
+
+
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_a_signal_ends_the_round_saves_a_checkpoint_and_resume_equals_an_uninterrupted_run(
         tmp_path, tiny_config, signame):
