@@ -701,7 +701,8 @@ def available_memory() -> int | None:
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    """Where a run finished: what a reader needs to compare its wall times."""
+    """Where a run finished: what a reader needs to compare its wall times (and to tell why a rerun on
+    another CPU rounds differently: the same model name can come with other vector instructions)."""
     cpu = ""
     try:
         cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -709,7 +710,8 @@ def machine(device: torch.device) -> dict[str, Any]:
     except OSError:
         pass
     out = {"cpu": cpu or platform.processor(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "device": str(device)}
+           "torch": torch.__version__, "device": str(device),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # the kernels torch picked: AVX2, AVX512…
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
