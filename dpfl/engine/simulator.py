@@ -731,9 +731,9 @@ def code_version() -> dict[str, Any]:
         return out
     try:
         git = ["git", "-C", str(root)]
-        sha = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        sha = subprocess.run([*git, "rev-parse", "HEAD"], check=False, capture_output=True, text=True, timeout=10)
         changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "dpfl"],
-                                 capture_output=True, text=True, timeout=10)
+                                 check=False, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return out
     if sha.returncode == 0 and changed.returncode == 0:

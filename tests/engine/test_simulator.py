@@ -76,7 +76,7 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     assert code == [{**simulator.code_version(), "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
     root = simulator.Path(dpfl.__file__).resolve().parent.parent
     if (root / ".git").exists():
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
         assert code[0]["commit"] == head.stdout.strip() and isinstance(code[0]["modified"], bool)
 
     def stop_at_3(m):
