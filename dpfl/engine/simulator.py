@@ -581,6 +581,9 @@ class Simulation:
         if (st.get("record") is None) != (self.record is None):
             raise DataError(f"{source}: record-level DP-SGD accounting is {'missing' if self.record else 'present'}, "
                             f"but this run {'has' if self.record else 'has no'} train.dpsgd")
+        # checkpoints written before code versions were recorded: their rounds' code is unknown
+        was = (_code_history(st["code"], source) if "code" in st
+               else [{"dpfl": None, "commit": None, "modified": None, "from_round": 1}])
         try:
             self.round = st["round"]
             self.w = w.to(self.device, self.w.dtype)
@@ -594,14 +597,8 @@ class Simulation:
             self.cum = {k: type(v)(st["cum"][k]) for k, v in self.cum.items()}
             self.best = st["best"]
             self.stopped_reason = st.get("stopped")
-            if "code" in st:  # checkpoints written before code versions were recorded have none
-                now = {**code_version(), "from_round": self.round + 1}
-                was = _code_history(st["code"], source)
-                same = was and {k: v for k, v in was[-1].items() if k != "from_round"} == code_version()
-                self.code = was if same else [*was, now]
-            else:
-                self.code = [{"dpfl": None, "commit": None, "modified": None, "from_round": 1},
-                             {**code_version(), "from_round": self.round + 1}]
+            last = {k: v for k, v in was[-1].items() if k != "from_round"} if was else None
+            self.code = was if last == code_version() else [*was, {**code_version(), "from_round": self.round + 1}]
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
             raise DataError(f"{source}: does not fit this run ({type(e).__name__}: {e})") from None
         self._fresh = False

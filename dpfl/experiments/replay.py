@@ -68,32 +68,28 @@ def replay_row(run_dir: Path, rounds: int, against: list[dict[str, Any]] | None 
     `against`: the same rounds as another checkout of dpfl ran them, see `main`)."""
     from dpfl.experiments.report import load_run
 
-    want = (load_run(run_dir)[1] if against is None else against)[:rounds]
+    summary, recorded = load_run(run_dir) if against is None else ({}, against)
+    want = recorded[:rounds]
     got = rerun(run_dir, len(want))
     keys = sorted({k for m in want for k in _comparable(m)})
+    code = summary.get("code") if isinstance(summary, dict) else None  # None: unfinished, or older than `code`
     return {"dir": str(run_dir), "rounds": len(want), "keys": keys, "diffs": compare(want, got), "got": got,
-            "code": recorded_code(run_dir) if against is None else None}
+            "code": code if isinstance(code, list) else None}
 
 
-def recorded_code(run_dir: Path) -> list[dict[str, Any]] | None:
-    """The code versions the record names in summary.json (None: not finished, or recorded before them)."""
-    try:
-        code = json.loads((Path(run_dir) / "summary.json").read_text()).get("code")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return code if isinstance(code, list) else None
+def _commit(e: dict[str, Any]) -> str:
+    return f"{e.get('commit') or 'unknown'}{' (modified)' if e.get('modified') else ''}"
 
 
 def code_note(code: list[dict[str, Any]] | None) -> str:
     """Which code made the record, beside the code replaying it: a difference may be a change of code."""
     from dpfl.engine.simulator import code_version
 
-    now = code_version()
+    now = _commit(code_version())
     if not code:
-        return f"  the record does not name the code that made it; this checkout is commit {now['commit']}"
-    ran = ", ".join(f"{e.get('commit') or 'unknown'}{' (modified)' if e.get('modified') else ''} from round "
-                    f"{e.get('from_round')}" for e in code if isinstance(e, dict))
-    return f"  the record ran at commit {ran}; this checkout is {now['commit']}{' (modified)' if now['modified'] else ''}"
+        return f"  the record does not name the code that made it; this checkout is commit {now}"
+    ran = ", ".join(f"{_commit(e)} from round {e.get('from_round')}" for e in code if isinstance(e, dict))
+    return f"  the record ran at commit {ran}; this checkout is {now}"
 
 
 def replay(records: Path, table: str, rounds: int, console: Console) -> list[dict[str, Any]]:
