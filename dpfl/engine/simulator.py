@@ -193,6 +193,7 @@ class Simulation:
         from dpfl.models import build_model
 
         self.model = build_model(cfg.model.name, seed=self.seeds.seed("model"), **cfg.model.options).to(self.device)
+        self._check_model_takes_data()
         env = self._scheme_env()
         self.scheme: Scheme = build_scheme(cfg.scheme.name, dict(cfg.scheme.options), env)
         if cfg.scheme.aggregator:
@@ -482,6 +483,26 @@ class Simulation:
         """Each step's noise multiplier σ (None for steps without one), then train.dpsgd's σ if any."""
         extra = [] if self.record_sigma is None else [self.record_sigma]
         return [s.sigma for s in self.scheme.steps] + extra
+
+    def _check_model_takes_data(self) -> None:
+        """One test example through the model (eval mode: no state changes), so that a model built for
+        other inputs is one ConfigError at start, not a traceback from the first round."""
+        from dpfl.data.dataset import as_model_input
+
+        x = self.fed.x_test[:1]
+        if not len(x):
+            return
+        was = self.model.training
+        try:
+            with torch.no_grad():
+                self.model.eval()
+                self.model(as_model_input(x, next(self.model.parameters()).dtype))
+        except RuntimeError as e:
+            raise ConfigError(f"model {self.cfg.model.name!r} does not take the examples of "
+                              f"{self.fed.dataset or self.cfg.data.dataset} (shape {tuple(x.shape[1:])}): "
+                              f"{str(e).splitlines()[0]}") from None
+        finally:
+            self.model.train(was)
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         self.setup()

@@ -162,6 +162,13 @@ def test_cli_run_stopped_by_sigterm_exits_130_with_the_resume_command(tmp_path, 
     assert Simulation.resume(out, log=lambda s: None).round == done
 
 
+def test_a_model_built_for_other_inputs_is_one_config_error_before_anything_is_written(tmp_path, tiny_config):
+    cfg = tiny_config(**{"model.options": {"in_features": 784, "hidden": 8}})  # digits examples are 8x8
+    with pytest.raises(ConfigError, match=r"model 'mlp' does not take the examples of .*\(shape \(1, 8, 8\)\)"):
+        Simulation(cfg, tmp_path / "run", log=lambda s: None)
+    assert not (tmp_path / "run").exists()
+
+
 def test_fl_std_bytes_measured_equal_formula(tmp_path, tiny_config):
     sim = Simulation(tiny_config(), tmp_path, log=lambda s: None)
     sim.run()
