@@ -39,6 +39,7 @@ noise; ``dp_noise_shares`` in the metrics counts the rows that did.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -121,11 +122,12 @@ def _clip(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray, np.n
     over = norms > bound
     factor = torch.where(over, bound / norms.clamp_min(1e-300), torch.ones_like(norms))
     out = x * factor.to(x.dtype)[:, None]
+    check = torch.nonzero(over).flatten()  # only scaled rows can end above S (the rest are x, ≤ S)
     for _ in range(8):  # float rounding can leave a norm a few ulps above S
-        high = _row_norms(out) > bound
-        if not bool(high.any()):
+        check = check[_row_norms(out[check]) > bound]
+        if not len(check):
             return out, over.cpu().numpy(), bad.cpu().numpy()
-        out[high] *= 1 - 1e-6
+        out[check] *= 1 - 1e-6
     raise RuntimeError("clipping did not converge")  # unreachable for finite inputs
 
 
@@ -282,10 +284,15 @@ class GaussianNoiseStep(_NoiseStep):
         skip = _omitted(ctx, k)
         out = u.detach().to("cpu").clone()
 
+        local = threading.local()
+
         def add_share(i: int) -> None:  # row by row: bounded float64 memory; rows are independent
             c = int(ctx.cohort[i])
-            z = gaussian_noise(out.shape[1], std, ctx.seeds.crypto("round", ctx.round, "dp-share", c))
-            out[i] = (out[i].to(torch.float64) + torch.from_numpy(z)).to(out.dtype)
+            if not hasattr(local, "z"):  # one float64 row per thread, reused
+                local.z = torch.empty(out.shape[1], dtype=torch.float64)
+            # gaussian_noise's values (the same sampler), drawn in place; the sum in float64
+            ctx.seeds.crypto("round", ctx.round, "dp-share", c).gaussian_into(local.z, std)
+            out[i] = local.z.add_(out[i])
 
         # each client's share comes from its own generator: threads change nothing but the wall time
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:

@@ -137,6 +137,9 @@ def gaussian_clip_range(l2_clip: float, noise_std: float, n_values: int, log2_fa
     return float(l2_clip + t * noise_std)
 
 
+_ENCODE_CHUNK = 1 << 14  # values per chunk of `encode_fixed` (its buffers stay in L2)
+
+
 def encode_fixed(
     rows: torch.Tensor | np.ndarray,
     bits: int,
@@ -173,17 +176,21 @@ def encode_fixed(
     mine = inplace and x.dtype.kind == "f" and x.dtype.itemsize == wd.itemsize and x.flags.c_contiguous
     out = x.view(wd) if mine and x.flags.writeable else np.empty(x.shape, dtype=wd)
     d = x.shape[1]
-    y, q, u = (np.empty(d) for _ in range(3))  # one set of row buffers: no fresh pages per row
-    up, q_int = np.empty(d, dtype=bool), np.empty(d, dtype=np.int64)
+    ch = min(d, _ENCODE_CHUNK) or 1
+    y, q, u = (np.empty(ch) for _ in range(3))  # cache-sized buffers, reused for every chunk
+    up, q_int = np.empty(ch, dtype=bool), np.empty(ch, dtype=np.int64)
     for i in range(x.shape[0]):  # row by row: bounded memory; row i is read before it is written
-        y[:] = x[i]
-        y *= scale  # exact (power of two)
-        np.floor(y, out=q)
-        y -= q  # fractional part in [0, 1), exact
-        np.less(rng.random(out=u), y, out=up)  # the same draws as rng.random(size=d)
-        q += up
-        q_int[:] = q
-        out[i] = q_int  # assignment wraps mod 2^32 / 2^64 (two's complement)
+        for s in range(0, d, ch):  # in order: the draws are those of rng.random(size=d)
+            m = min(ch, d - s)
+            ym, qm = y[:m], q[:m]
+            ym[:] = x[i, s : s + m]
+            ym *= scale  # exact (power of two)
+            np.floor(ym, out=qm)
+            ym -= qm  # fractional part in [0, 1), exact
+            np.less(rng.random(out=u[:m]), ym, out=up[:m])
+            qm += up[:m]
+            q_int[:m] = qm
+            out[i, s : s + m] = q_int[:m]  # assignment wraps mod 2^32 / 2^64 (two's complement)
     return reduce(out, bits)
 
 

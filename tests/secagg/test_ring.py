@@ -75,10 +75,11 @@ def test_encode_int_rejects_out_of_range_and_non_integers():
     assert np.array_equal(ring.centred_lift(ring.encode_int(t, 8), 8), t.numpy())
 
 
-def test_encode_fixed_words_are_the_stochastic_rounding_of_the_scaled_rows():
+@pytest.mark.parametrize("d", [777, 2 * (1 << 14) + 5])  # one chunk; chunk edges and a short tail
+def test_encode_fixed_words_are_the_stochastic_rounding_of_the_scaled_rows(d):
     f, c, k = 12, 3.0, 3
     b = ring.fixed_point_bits(c, f, k)
-    x = np.random.default_rng(2).uniform(-c, c, size=(k, 777)).astype(np.float32)
+    x = np.random.default_rng(2).uniform(-c, c, size=(k, d)).astype(np.float32)
     rng = np.random.default_rng(9)
     ref = []
     for row in x:  # reference: q = ⌊x·2^f⌋ + [U < frac], U drawn row by row
