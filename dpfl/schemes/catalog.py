@@ -54,8 +54,9 @@ def fl_rnd(ratio: float = 0.05) -> Scheme:
 
 
 @register("fl-freq")
-def fl_freq(ratio: float = 0.05) -> Scheme:
-    return Scheme("fl-freq", [LowPassDCTStep(_ratio("fl-freq", ratio))], PlainTransport(), WeightedMeanAggregator())
+def fl_freq(ratio: float = 0.05, layout: str = "pytorch") -> Scheme:
+    return Scheme("fl-freq", [LowPassDCTStep(_ratio("fl-freq", ratio), layout)], PlainTransport(),
+                  WeightedMeanAggregator())
 
 
 @register("fl-top")

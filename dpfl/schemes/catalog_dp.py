@@ -64,8 +64,8 @@ def fl_rnd_dp(dp: DPOptions, ratio: float = 0.05) -> Scheme:
 
 
 @register_dp("fl-freq-dp")
-def fl_freq_dp(dp: DPOptions, ratio: float = 0.05) -> Scheme:
-    return make_private(fl_freq(ratio), dp)
+def fl_freq_dp(dp: DPOptions, ratio: float = 0.05, layout: str = "pytorch") -> Scheme:
+    return make_private(fl_freq(ratio, layout), dp)
 
 
 @register_dp("fl-top-dp")

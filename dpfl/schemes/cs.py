@@ -20,6 +20,7 @@ from dpfl.compression.cs import bpdn
 from dpfl.compression.dct import ChunkedDCT
 from dpfl.compression.subset import count_for_ratio
 from dpfl.errors import ConfigError
+from dpfl.models.keras_init import keras_order
 from dpfl.schemes.base import RoundContext, SetupContext, Step
 
 
@@ -115,16 +116,29 @@ class CompressiveSensingStep(Step):
 
 class LowPassDCTStep(Step):
     """FL-FREQ: clients send the first m DCT coefficients of the whole update (no permutation, one
-    chunk); the server applies the inverse DCT with the other coefficients zeroed (low-pass)."""
+    chunk); the server applies the inverse DCT with the other coefficients zeroed (low-pass).
+
+    Which weights a low-pass can move depends on the order they are flattened in: `layout =
+    "keras"` takes the DCT over the Keras 2.2 order of the thesis's software
+    (`dpfl.models.keras_init.keras_order`) instead of this library's."""
 
     name = "freq"
 
-    def __init__(self, ratio: float):
-        self.ratio = ratio
+    def __init__(self, ratio: float, layout: str = "pytorch"):
+        if layout not in ("pytorch", "keras"):
+            raise ConfigError(f"fl-freq: layout must be 'pytorch' or 'keras', got {layout!r}")
+        self.ratio, self.layout = ratio, layout
         self.op: ChunkedDCT | None = None
 
     def setup(self, ctx: SetupContext) -> None:
-        self.op = ChunkedDCT(ctx.n_params, count_for_ratio(self.ratio, ctx.n_params), 1, None)
+        perm = None
+        if self.layout == "keras":
+            if ctx.model is None:
+                raise ConfigError("fl-freq: layout = 'keras' needs the model")
+            perm = keras_order(ctx.model).numpy()
+            if perm.size != ctx.n_params:
+                raise ConfigError(f"fl-freq: the model has {perm.size} weights, the run {ctx.n_params}")
+        self.op = ChunkedDCT(ctx.n_params, count_for_ratio(self.ratio, ctx.n_params), 1, perm)
 
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         return self.op.compress(u.to(torch.float32))
@@ -133,4 +147,4 @@ class LowPassDCTStep(Step):
         return self.op.adjoint(agg.to(torch.float32))
 
     def describe(self) -> str:
-        return f"freq(r={self.ratio})"
+        return f"freq(r={self.ratio})" if self.layout == "pytorch" else f"freq(r={self.ratio}, keras layout)"

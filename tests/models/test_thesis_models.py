@@ -170,3 +170,36 @@ def test_build_model_errors():
         build_model("logreg", in_features=4, num_classes=0)
     with pytest.raises(ConfigError, match=r"dropout must be in \[0, 1\)"):
         build_model("mlp", in_features=4, dropout=1.0)
+
+
+def test_keras_order_is_the_keras_weight_layout_of_the_thesis_cnn():
+    """keras_order(cnn) lists the flat vector as Keras 2.2 would concatenate get_weights(): conv
+    kernels [kh, kw, in, out], the first Dense kernel over (H, W, C) features, Dense [in, out].
+    Checked against the layout written out by hand, and by the function: the Keras-ordered
+    Dense kernel applied to NHWC-flattened features gives the PyTorch layer's output."""
+    from dpfl.models.flat import FlatParams
+    from dpfl.models.keras_init import keras_order
+
+    torch.manual_seed(0)
+    model = build_model("cnn", seed=0)
+    flat = FlatParams(model).flatten(model)
+    perm = keras_order(model)
+    assert torch.equal(torch.sort(perm).values, torch.arange(flat.numel()))
+    conv1, conv2 = model.features[0], model.features[3]
+    fc1, fc2 = model.classifier[1], model.classifier[3]
+    by_hand = [conv1.weight.permute(2, 3, 1, 0), conv1.bias, conv2.weight.permute(2, 3, 1, 0), conv2.bias,
+               fc1.weight.view(512, 64, 7, 7).permute(2, 3, 1, 0).reshape(3136, 512), fc1.bias,
+               fc2.weight.t(), fc2.bias]
+    keras = flat[perm]
+    assert torch.equal(keras, torch.cat([w.detach().reshape(-1) for w in by_hand]))
+    off = sum(w.numel() for w in by_hand[:4])
+    kernel = keras[off : off + 3136 * 512].view(3136, 512)
+    f = model.features(torch.randn(3, 1, 28, 28))
+    torch.testing.assert_close(f.permute(0, 2, 3, 1).reshape(3, -1) @ kernel + fc1.bias, fc1(f.flatten(1)))
+
+
+def test_keras_order_refuses_layers_it_does_not_know():
+    from dpfl.models.keras_init import keras_order
+
+    with pytest.raises(ConfigError, match="Conv2d and Linear"):
+        keras_order(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))

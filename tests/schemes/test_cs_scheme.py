@@ -107,6 +107,32 @@ def test_fl_freq_is_a_low_pass_round_trip(contexts):
     assert float(step.client(resid.unsqueeze(0), ctx).abs().max()) < 1e-5  # nothing low-frequency left
 
 
+def test_fl_freq_keras_layout_low_passes_the_keras_ordered_vector(contexts):
+    """layout = "keras": the kept coefficients are those of the update in Keras order, and the
+    server's low-pass comes back in this library's order."""
+    from dpfl.models import build_model
+    from dpfl.models.keras_init import keras_order
+
+    model = build_model("cnn", seed=0)
+    n = sum(p.numel() for p in model.parameters())
+    sctx, rctx = contexts(n, model=model)
+    keras, plain = LowPassDCTStep(0.01, layout="keras"), LowPassDCTStep(0.01)
+    keras.setup(sctx)
+    plain.setup(sctx)
+    perm = keras_order(model)
+    u = torch.randn(1, n)
+    assert torch.equal(keras.client(u, rctx(1, 1)), plain.client(u[:, perm], rctx(1, 1)))
+    y = keras.client(u, rctx(1, 1))[0]
+    back = torch.empty(n)
+    back[perm] = plain.server(y, rctx(1, 1))
+    assert torch.equal(keras.server(y, rctx(1, 1)), back)
+    assert "keras layout" in keras.describe()
+    with pytest.raises(ConfigError, match="layout"):
+        LowPassDCTStep(0.1, layout="tf")
+    with pytest.raises(ConfigError, match="needs the model"):
+        LowPassDCTStep(0.1, layout="keras").setup(contexts(n)[0])
+
+
 def _noised(ctx, tau):
     """The round's context as the DP noise step leaves it: noise std tau in the mean."""
     ctx.dp_noise_std = tau
