@@ -260,6 +260,9 @@ def write_plots(runs, out: Path, console: Console, labels: list[str] | None = No
     out.mkdir(parents=True, exist_ok=True)
     labels = labels or run_labels(runs)[0]
     curves = [(lab, metrics) for lab, (_, _, metrics) in zip(labels, runs)]
+    if not any(metrics for _, metrics in curves):  # e.g. every row skipped: no empty figures
+        console.print("no rounds to plot")
+        return []
     figs = [("round", "round", "accuracy_vs_round.png"),
             ("cum_up_bytes_per_client", "cumulative upstream per client", "accuracy_vs_upstream.png")]
     if any(m.get("epsilon") is not None for _, metrics in curves for m in metrics):

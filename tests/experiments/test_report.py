@@ -116,3 +116,12 @@ def test_corrupt_run_files_are_one_error_line_not_a_traceback(tmp_path):
     (run / "metrics.jsonl").write_text('garbage\n{"round": 1}\n')
     r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "plots")])
     assert r.exit_code == 2 and "line 1 is not a JSON metrics record" in r.output
+
+
+def test_no_rounds_no_empty_figures(tmp_path):
+    """A reproduce call whose rows were all skipped (or runs with no rounds yet) writes no figure."""
+    from dpfl.experiments.report import write_plots
+
+    console = Console(record=True)
+    assert write_plots([(tmp_path, {}, [])], tmp_path / "fig", console, ["empty"]) == []
+    assert not list((tmp_path / "fig").glob("*.png")) and "no rounds to plot" in console.export_text()
