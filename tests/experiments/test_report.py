@@ -85,13 +85,25 @@ def test_the_table_fits_a_narrow_terminal_and_wide_keeps_every_column(tmp_path):
     assert "formula up" in wide.export_text().split("┡")[0]
 
 
-def test_reproduce_report_fits_100_columns_and_labels_a_cut_short_row():
+def test_reproduce_report_fits_100_columns_and_labels_a_cut_short_row(tmp_path):
+    """The committed table-5.1 records, one of them cut to its first 100 rounds."""
+    import shutil
+
+    shutil.copytree(ROOT / "records" / "table-5.1", tmp_path / "table-5.1",
+                    ignore=shutil.ignore_patterns("*.pt", "*.png", "results.json"))
+    cut = tmp_path / "table-5.1" / "fl-sign-dp_eps2"
+    lines = (cut / "metrics.jsonl").read_text().splitlines()[:100]
+    (cut / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (cut / "summary.json").unlink()
     console = Console(record=True, width=100, force_terminal=True)
-    reproduce_table("table-5.1", rows=[], rounds=None, out=ROOT / "records", overrides=[], accountant=None,
+    reproduce_table("table-5.1", rows=[], rounds=None, out=tmp_path, overrides=[], accountant=None,
                     console=console, execute=None, report_only=True)
     text = console.export_text()
     assert all(len(ln) <= 100 for ln in text.splitlines())
-    assert "100/200" in text and "cut short" in text and "14.94 MB" in text
+    row = [ln for ln in text.splitlines() if "100/200" in ln]
+    best = max(json.loads(ln)["accuracy"] for ln in lines)  # its best of the first 100 rounds
+    assert len(row) == 1 and "cut short" in row[0] and f"{best:.4f}" in row[0]
+    assert "14.94 MB" in text  # fl-sign-dp_eps1's upstream at its best round
 
 
 def test_human_bytes():
