@@ -91,11 +91,12 @@ class CryptoRNG:
         return out[: 8 * n].view("<u8")
 
     def gaussian_into(self, out: torch.Tensor, std: float) -> torch.Tensor:
-        """Fill the contiguous CPU float tensor `out` with N(0, std²) noise: exactly the values of
-        `dpfl.pate.noise.gaussian(self, out.numel(), std)` (Box–Muller in float64 on open 53-bit
-        uniforms, the same keystream words) rounded to `out.dtype`, and the stream ends in the same
-        place. Works in cache-sized chunks with no full-size float64 or keystream array: about
-        twice as fast for a million values."""
+        """Fill the contiguous CPU float tensor `out` with N(0, std²) noise, dpfl's one Gaussian
+        sampler (`dpfl.pate.noise.gaussian` and `dpfl.privacy.mechanisms.gaussian_noise` draw
+        through it): Box–Muller in float64 on open 53-bit uniforms, radii from the first half of
+        the keystream words and angles from the second, r·cos θ then r·sin θ, rounded to `out.dtype`.
+        Works in cache-sized chunks with no full-size float64 or keystream array: about twice as
+        fast for a million values."""
         import torch
 
         if not (math.isfinite(std) and std >= 0):

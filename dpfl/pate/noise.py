@@ -6,8 +6,6 @@ noise with real-valued gradients (DP-SGD) are released, never a lone noisy value
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -36,20 +34,11 @@ def laplace(rng: CryptoRNG, size: int | tuple[int, ...], scale: float | np.ndarr
 
 
 def gaussian(rng: CryptoRNG, size: int | tuple[int, ...], std: float | np.ndarray) -> np.ndarray:
-    """N(0, std²) samples (Box–Muller on open uniforms), float64."""
+    """N(0, std²) samples, float64: `CryptoRNG.gaussian_into` (Box–Muller on open uniforms)."""
     std = np.asarray(std, dtype=np.float64)
     if np.any(std < 0) or not np.all(np.isfinite(std)):
         raise PrivacyError(f"Gaussian std must be >= 0 and finite, got {std}")
     shape = (size,) if isinstance(size, int) else tuple(size)
-    n = int(np.prod(shape))
-    half = (n + 1) // 2
-    u = torch.from_numpy(_open_uniform(rng, 2 * half))  # torch: vectorised float64 log/cos/sin
-    radius = u[:half].log().mul_(-2.0).sqrt_()
-    angle = u[half:].mul_(2.0 * math.pi)
-    if std.ndim == 0:
-        radius.mul_(float(std))
-    z = torch.empty(2 * half, dtype=torch.float64)
-    torch.cos(angle, out=z[:half]).mul_(radius)
-    torch.sin(angle, out=z[half:]).mul_(radius)
-    z = z[:n].numpy().reshape(shape)
+    z = torch.empty(int(np.prod(shape)), dtype=torch.float64)  # dpfl's one Box-Muller (chunked)
+    z = rng.gaussian_into(z, float(std) if std.ndim == 0 else 1.0).numpy().reshape(shape)
     return z if std.ndim == 0 else std * z
