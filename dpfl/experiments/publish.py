@@ -215,11 +215,16 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
     lines = [intro, "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in entries:
-        path = f"{rel}/{_dir_name(table, e['acct'])}/{e['row']}"
+        d = Path(e["dir"])
+        path = f"{rel}/{d.parent.name}/{d.name}"
+        notes = [f"{e['acct']} σ"] if e["acct"] else []
+        if d.parent.name != _dir_name(table, e["acct"]):  # a same_run row, recorded under the row it names
+            notes.append(f"the same run as {d.parent.name} {d.name}")
+        label = f"[{e['row']}]({path})" + (f" ({', '.join(notes)})" if notes else "")
         best = "—" if e["measured"] is None else f"{e['measured']:.4f} ({e['round']})"
         if e["metric"] != "accuracy":
             best += f" {e['metric']}"
-        cells = [f"[{e['row']}]({path})" + (f" ({e['acct']} σ)" if e["acct"] else ""), _rounds(e), best,
+        cells = [label, _rounds(e), best,
                  _thesis_acc(e), _delta(e), _with_thesis(_cost(e["up"], unit), _cost(e["thesis_up"], unit)),
                  _with_thesis(_cost(e["down"], unit), _cost(e["thesis_down"], unit))]
         if dp:

@@ -58,6 +58,37 @@ def table_rows(table: str) -> tuple[dict, dict[str, Path]]:
     return thesis, rows
 
 
+def same_run(table: str, row: str) -> tuple[str, str]:
+    """(table, row) whose run directory holds `row` of `table`: itself, or the row that its thesis.json
+    entry names as `"same_run": "<table>/<row>"`. That row must exist, name no row itself, and have the same
+    config but for the name; anything else is a ConfigError."""
+    from dpfl.config import load_config
+
+    thesis, rows = table_rows(table)
+    target = thesis.get(row, {}).get("same_run")
+    if target is None:
+        return table, row
+    t, _, r = str(target).partition("/")
+    where = f"{table}/{row}: same_run {target!r}"
+    if t not in list_tables():
+        raise ConfigError(f"{where} names no table")
+    t_thesis, t_rows = table_rows(t)
+    if r not in t_rows or (t, r) == (table, row):
+        raise ConfigError(f"{where} names no other row of {t}")
+    if "same_run" in t_thesis.get(r, {}):
+        raise ConfigError(f"{where} names a row that names another itself")
+    a, b = (load_config(p).model_dump(mode="json", exclude={"name"}) for p in (rows[row], t_rows[r]))
+    if a != b:
+        raise ConfigError(f"{where}: the configs differ (in more than the name)")
+    return t, r
+
+
+def row_dir(table: str, row: str, base: Path) -> Path:
+    """The run directory of `row` under `base` (`<out>/<table>[-<accountant>]`), its same_run row's if any."""
+    t, r = same_run(table, row)
+    return base.parent / (t + base.name[len(table):]) / r
+
+
 def private_rows(table: str, all_rows: dict[str, Path], chosen: list[str], explicit: bool) -> list[str]:
     """The rows `--accountant` applies to: those whose scheme accounts a client-level ε. A row named
     with --row that is not one, or a table without any, is a ConfigError."""
@@ -107,7 +138,11 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     for row in chosen:
         run_dir = base / row
         try:
-            cfg = load_config(all_rows[row], sets)
+            t, r = same_run(table, row)
+            if (t, r) != (table, row):
+                run_dir = row_dir(table, row, base)
+                console.print(f"[dim]{row}: the same run as {t}/{r}, recorded in {run_dir}[/dim]")
+            cfg = load_config(table_rows(t)[1][r], sets)
             summary_file = run_dir / "summary.json"
             if not overwrite and summary_file.is_file():
                 try:
@@ -155,8 +190,8 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     return compare
 
 
-# settings that change how fast a row runs or how often it checkpoints, not what it computes
-_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.checkpoint_every", "run.max_cohort")
+# settings that change how fast a row runs or how often it checkpoints, not what it computes, and its label
+_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.checkpoint_every", "run.max_cohort", "name")
 
 
 def config_differences(cfg, run_dir: Path) -> list[str]:
@@ -193,7 +228,7 @@ def collect_runs(table: str, base: Path, chosen: list[str]) -> tuple[list[dict],
 
     results, missing = [], []
     for row in chosen:
-        run_dir = base / row
+        run_dir = row_dir(table, row, base)
         if not (run_dir / "metrics.jsonl").is_file():
             missing.append(row)
             continue

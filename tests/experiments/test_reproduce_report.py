@@ -119,3 +119,70 @@ def test_committed_record_is_consistent(run_dir):
     key = best["metric"]
     assert (best["round"], best[key]) == (recomputed["round"], recomputed[key])
     assert summary.get("rounds_run", len(metrics)) == len(metrics)
+
+
+def _same_run_pairs():
+    from dpfl.experiments.reproduce import list_tables
+
+    return [(t, r, e["same_run"]) for t in list_tables() for r, e in table_rows(t)[0].items()
+            if isinstance(e, dict) and "same_run" in e]
+
+
+@pytest.mark.parametrize("table,row,target", _same_run_pairs(), ids=lambda v: str(v))
+def test_a_declared_same_run_is_the_same_config(table, row, target):
+    from dpfl.experiments.reproduce import same_run
+
+    assert "/".join(same_run(table, row)) == target  # checks the configs are equal but for the name
+
+
+def test_the_committed_tables_declare_their_shared_runs():
+    assert {(t, r) for t, r, _ in _same_run_pairs()} >= {("table-5.3", "fl-std-dp_r1.0"),
+                                                         ("table-6.1-fmnist", "fl-sign-00")}
+
+
+def _tables(root, b_changes=None, target="table-a/x"):
+    """Two one-row tables under `root`: table-b/y declares itself the same run as `target`."""
+    from dpfl.config import dump_config
+
+    for t, r, changes, thesis in (("table-a", "x", {}, {"x": {"accuracy": 0.5}}),
+                                  ("table-b", "y", b_changes or {}, {"y": {"accuracy": 0.5, "same_run": target}})):
+        (root / t).mkdir(parents=True)
+        (root / t / f"{r}.toml").write_text(dump_config(_tiny(2).model_copy(update={"name": r, **changes})))
+        (root / t / "thesis.json").write_text(json.dumps(thesis))
+
+
+def test_a_same_run_row_runs_into_and_reads_the_row_it_names(tmp_path, monkeypatch):
+    import dpfl.experiments.reproduce as rp
+
+    _tables(tmp_path / "configs")
+    monkeypatch.setattr(rp, "configs_root", lambda: tmp_path / "configs")
+    out = tmp_path / "out"
+    console = Console(record=True, width=200)
+    rp.reproduce_table("table-b", rows=[], rounds=None, out=out, overrides=[], accountant=None, console=console,
+                       execute=lambda sim, row: sim.run())
+    assert (out / "table-a" / "x" / "summary.json").is_file() and not (out / "table-b" / "y").exists()
+    assert "the same run as table-a/x" in console.export_text()
+    a = rp.reproduce_table("table-a", rows=[], rounds=None, out=out, overrides=[], accountant=None,
+                           console=Console(), execute=_never, report_only=True)
+    b = rp.reproduce_table("table-b", rows=[], rounds=None, out=out, overrides=[], accountant=None,
+                           console=Console(), execute=_never, report_only=True)
+    assert b[0]["row"] == "y" and b[0]["measured"] == a[0]["measured"] and b[0]["dir"] == a[0]["dir"]
+    # running table-b again finds the row done; an --accountant variant goes to table-a-<accountant>
+    assert rp.row_dir("table-b", "y", out / "table-b-pld") == out / "table-a-pld" / "x"
+    rp.reproduce_table("table-b", rows=[], rounds=None, out=out, overrides=[], accountant=None,
+                       console=Console(), execute=_never)
+
+
+@pytest.mark.parametrize("changes,target,words", [
+    ({"seed": 2}, "table-a/x", "the configs differ"),
+    ({}, "table-c/x", "names no table"),
+    ({}, "table-a/z", "names no other row of table-a"),
+    ({}, "table-b/y", "names no other row of table-b"),
+])
+def test_a_wrong_same_run_is_refused(tmp_path, monkeypatch, changes, target, words):
+    import dpfl.experiments.reproduce as rp
+
+    _tables(tmp_path / "configs", changes, target)
+    monkeypatch.setattr(rp, "configs_root", lambda: tmp_path / "configs")
+    with pytest.raises(ConfigError, match=f"table-b/y: same_run '{target}'.*{words}"):
+        rp.same_run("table-b", "y")
