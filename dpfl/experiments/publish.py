@@ -300,6 +300,7 @@ def scoreboard_block(records: Path) -> str:
             "PLD σ − moments σ (rows, mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tables = record_tables(records)
+    pairs = {}  # (moments record, pld record) -> gain: a same_run row shares both with the table it names
     for table in SCORED:
         rows = table_rows(table)[1]
         variants = tables.get(table, [])
@@ -307,14 +308,19 @@ def scoreboard_block(records: Path) -> str:
         base = {e["row"]: e for e in entries if e["acct"] is None and e["complete"]}
         deltas = [e["delta"] for e in base.values() if e["delta"] is not None]
         pld = {e["row"]: e for e in entries if e["acct"] == "pld" and e["complete"]}
-        gains = [pld[r]["measured"] - base[r]["measured"] for r in pld if r in base
-                 and None not in (pld[r]["measured"], base[r]["measured"])]
+        both = [r for r in pld if r in base and None not in (pld[r]["measured"], base[r]["measured"])]
+        gains = [pld[r]["measured"] - base[r]["measured"] for r in both]
+        pairs.update({(base[r]["dir"], pld[r]["dir"]): g for r, g in zip(both, gains)})
         gain = f"{len(gains)}, {sum(gains) / len(gains):+.4f}" if gains else "—"
         pld_d = [e["delta"] for e in pld.values() if e["delta"] is not None]
         pld_text = f"{len(pld)} ({sum(abs(d) <= 0.03 for d in pld_d)}, {sum(d > 0 for d in pld_d)})" if pld else "—"
         lines.append(f"| {table} | {len(rows)} | {len(base)} | {sum(abs(d) <= 0.03 for d in deltas)} | "
                      f"{sum(d > 0 for d in deltas)} | {sum(d < -0.03 for d in deltas)} | "
                      f"{len(base) - len(deltas)} | {pld_text} | {gain} |")
+    if pairs:
+        mean = sum(pairs.values()) / len(pairs)
+        lines += ["", (f"PLD σ − moments σ over all {len(pairs)} distinct pairs of runs (a run two tables share "
+                       f"counted once): mean {mean:+.4f}.")]
     return "\n".join(lines)
 
 

@@ -204,3 +204,19 @@ def test_a_record_dp_run_must_be_a_committed_config_unchanged(tmp_path):
     _record_dp_run(tmp_path, "mine", src.read_text(), 2)
     with pytest.raises(ConfigError, match="no committed config mine.toml"):
         pub.config_runs(tmp_path, "record-dp")
+
+
+def test_the_scoreboard_pld_mean_counts_each_pair_of_runs_once():
+    """Recomputed from the record folders on disk (each pld run and its moments twin once), not through the
+    tables, where a same_run row shows the same pair twice."""
+    gains = []
+    for pld in sorted((ROOT / "records").glob("*-pld/*/summary.json")):
+        moments = ROOT / "records" / pld.parent.parent.name.removesuffix("-pld") / pld.parent.name / "summary.json"
+        if not moments.is_file():
+            continue
+        a, b = (json.loads(p.read_text()) for p in (pld, moments))
+        full = load_config(moments.parent / "config.toml").federation.rounds
+        if all(s["rounds_run"] == full and not s.get("stopped") for s in (a, b)):
+            gains.append(a["best"]["accuracy"] - b["best"]["accuracy"])
+    line = pub.scoreboard_block(ROOT / "records").splitlines()[-1]
+    assert f"all {len(gains)} distinct pairs" in line and f"mean {sum(gains) / len(gains):+.4f}." in line
