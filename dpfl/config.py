@@ -133,7 +133,9 @@ class RunSection(_Strict):
     checkpoint_every: int = Field(10, ge=1)
     device: str = "cpu"
     engine: Literal["vectorized", "sequential"] = "vectorized"
-    max_cohort: int = Field(0, ge=0)  # split cohorts larger than this (memory); 0 = no limit
+    # train cohorts larger than this in pieces (memory); a scheme that streams (signSGD) also signs and sends
+    # piece by piece, so no [k, n] tensor of the whole cohort is held; 0 = no limit
+    max_cohort: int = Field(0, ge=0)
     threads: int = Field(0, ge=0)  # torch threads; 0 = torch default
 
     @field_validator("device")

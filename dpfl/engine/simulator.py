@@ -337,19 +337,31 @@ class Simulation:
                 "record_clients_spent": int(spent.size),
                 "record_epsilon_per_client": {str(int(c)): float(e) for c, e in zip(trained, own)}}
 
+    @property
+    def piece(self) -> int:
+        """Clients trained and sent at a time when the round streams (`Scheme.streams`, run.max_cohort, no
+        attack, no record-level DP); 0: the whole cohort at once."""
+        m, sc = self.cfg.run.max_cohort, self.scheme
+        ok = (sc.streams and not sc.transport.secure and not sc.aggregator.needs_rows and not sc.private
+              and self.attack is None and self.cfg.train.dpsgd is None)
+        return m if m and ok else 0
+
     def _check_cohort_memory(self) -> None:
         """A cohort trained in one piece holds at least one float32 [k, n] tensor. Refuse at start what
         cannot fit in the memory available (the kernel would kill the run without a word)."""
         k = self.cfg.data.n_clients if self.scheme.all_clients else self.cfg.cohort_size()
-        if self.cfg.run.max_cohort:
-            k = min(k, self.cfg.run.max_cohort)
+        if self.piece:  # a streamed round holds one piece's rows; otherwise the pieces are put back together
+            k = min(k, self.piece)
         avail = available_memory() if self.device.type == "cpu" else None
         need = 4 * k * self.flat.n
         if avail is not None and need > avail:
             fit = max(1, avail // (16 * self.flat.n))  # a quarter of what is available per piece
+            how = (f"split the cohort with --set run.max_cohort={fit}" if self.scheme.streams else
+                   "this scheme's round needs every client's row at once (run.max_cohort only splits local "
+                   "training): use fewer clients a round or a machine with more memory")
             raise ConfigError(f"training {k:,} clients at once needs at least {need / 1e9:.1f} GB (a float32 copy "
                               f"of the {self.flat.n:,} parameters per client) and {avail / 1e9:.1f} GB are "
-                              f"available: split the cohort with --set run.max_cohort={fit}")
+                              f"available: {how}")
 
     # ---- one round ----------------------------------------------------------------
     def select(self, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -379,8 +391,9 @@ class Simulation:
                             n_clients=self.cfg.data.n_clients, cohort_size=self.cfg.cohort_size(),
                             ledger=self.ledger)
 
-    def client_updates(self, ctx: RoundContext) -> torch.Tensor:
-        """Local training of the answering cohort: Δw [k, n] (hook point for attacks)."""
+    def client_updates(self, ctx: RoundContext, batches: torch.Tensor | None = None, seed: bool = True) -> torch.Tensor:
+        """Local training of the answering cohort: Δw [k, n] (hook point for attacks). A streamed round
+        passes each piece's rows of the whole cohort's `batches`, and seeds torch only for its first piece."""
         mask, plan = local_plan(self.scheme, ctx)
         w, hook = self.w, None
         if plan is not None:
@@ -392,9 +405,10 @@ class Simulation:
                 raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it sets "
                                   "its own gradient corrections, which would bypass DP-SGD")
             batches, dp, _ = self._dp_round(ctx.round, ctx.cohort)
-        else:
+        elif batches is None:
             batches = self.batches(ctx.round, ctx.cohort)
-        torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
+        if seed:
+            torch.manual_seed(self.seeds.seed("round", ctx.round, "torch"))  # dropout layers
         train = self.trainer.train if self.cfg.run.engine == "vectorized" else self.trainer.train_sequential
         u = train(w, self.fed.x, self.fed.y, batches, mask, grad_hook=hook, dp=dp)
         if self.attack is not None:
@@ -424,10 +438,20 @@ class Simulation:
         trained = cohort[:0]
         extra = {"train_seconds": 0.0}
 
+        rows_of, whole = {}, None  # a streamed round: each client's row of the whole cohort's batches
+
         def train(ctx: RoundContext) -> torch.Tensor:
-            nonlocal trained
+            nonlocal trained, rows_of, whole
             self._check_record_budget(r, ctx.cohort)
-            u = self.client_updates(ctx)
+            if self.piece and len(ctx.cohort) < ctx.k():
+                first = whole is None
+                if first:
+                    whole = self.batches(r, cohort)
+                    rows_of = {int(c): i for i, c in enumerate(cohort)}
+                rows = torch.tensor([rows_of[int(c)] for c in ctx.cohort], device=whole.device)
+                u = self.client_updates(ctx, whole[rows], seed=first)
+            else:
+                u = self.client_updates(ctx)
             extra["train_seconds"] = round(time.perf_counter() - t0, 4)
             if self.record is not None:  # they trained: their records are spent whatever happens next
                 trained = ctx.cohort
@@ -440,7 +464,7 @@ class Simulation:
                         after_chain=None if self.attack is None else self.attack.after_chain,
                         gather=self.client_statistics,
                         totals=self.cum, n_clients=self.cfg.data.n_clients, sampling_rate=self.cfg.sampling_rate(),
-                        extra=extra)
+                        extra=extra, piece=self.piece)
         if out.delta is not None:
             self.w = self.w + out.delta.to(self.w.dtype)
         self.round = r

@@ -38,7 +38,7 @@ def fl_sign(gamma: float = 0.001) -> Scheme:
 @register("signsgd")
 def signsgd(gamma: float = 0.001) -> Scheme:
     return Scheme("signsgd", [SignStep(gamma, one_bit_downstream=True)], PlainTransport(SignCodec()),
-                  SumAggregator(), train_overrides={"steps": 1}, all_clients=True)
+                  SumAggregator(), train_overrides={"steps": 1}, all_clients=True, streams=True)
 
 
 @register("fl-cs")

@@ -30,6 +30,9 @@ class Scheme:
     full_batch: bool = False  # one batch = all of a client's data
     one_pass: bool = False  # one pass over each client's data: ⌈max_k n_k / B⌉ steps of B samples (FSVRG)
     all_clients: bool = False  # every client every round (signSGD)
+    # its client steps and transport act on each client's row alone and it sums exact integers: with a
+    # plain transport and an aggregator of the total, a round may go in pieces (run.max_cohort; signSGD)
+    streams: bool = False
     # how the privacy events account client selection (DP schemes): "poisson" | "without-replacement" | "none"
     privacy_sampling: str | None = None
 

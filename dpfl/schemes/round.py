@@ -11,6 +11,7 @@ the Flower coordinator and its nodes, the attack harness and the clip-bound anal
       4. client_chain          the scheme's client steps, in order (in-process clients only)
       5. send(u, ctx)          driver: transport → Received (RoundAborted, or a secure sum of
                                fewer than 2 clients: nothing released)
+         (a scheme that `streams`, given a piece size: train, 4 and 5 piece by piece, `stream`)
       6. server_chain          aggregator, then the server steps in reverse → delta [n]
       7. ledger                the events, only for a round that released something
       8. metrics               the keys every driver reports
@@ -113,6 +114,45 @@ def drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, Ro
                           omit_noise=None if omit is None else omit[keep]), int((~keep).sum())
 
 
+def _piece(ctx: RoundContext, rows: slice) -> RoundContext:
+    """The context of the answering clients `rows` of a streamed round (their sum is still of all k)."""
+    bad, omit = ctx.malicious, ctx.omit_noise
+    return replace(ctx, cohort=ctx.cohort[rows], weights=ctx.weights[rows], answering=ctx.k(),
+                   malicious=None if bad is None else bad[rows], omit_noise=None if omit is None else omit[rows])
+
+
+def stream(scheme: Scheme, ctx: RoundContext, piece: int, train: Callable[[RoundContext], torch.Tensor | None],
+           send: Callable[[torch.Tensor | None, RoundContext], Received]
+           ) -> tuple[RoundContext, Received | None, int, int]:
+    """Train, run the client chain and send `piece` clients at a time (`Scheme.streams`): no [k, n] tensor
+    of the whole cohort is ever held. Returns (the round's context without clients dropped for non-finite
+    rows, the parts' Received merged (no rows), values per row, clients dropped)."""
+    total, count, sent, kept, bad, width = None, 0, [], [], 0, 0
+    for s in range(0, len(ctx.cohort), piece):
+        sub = _piece(ctx, slice(s, s + piece))
+        u = train(sub)
+        if u is None:
+            raise RuntimeError("a streamed round trains in process: train(ctx) returned no rows")
+        u, sub, b = drop_nonfinite(u, sub)
+        bad += b
+        if len(sub.cohort):
+            u = client_chain(scheme.steps, u, sub)
+            width = u.shape[1]
+            rec = send(u, sub)  # its rows are dropped here: only the running total is kept
+            total = rec.total.clone() if total is None else total.add_(rec.total)
+            count += rec.count
+            sent.append(np.asarray(rec.upstream_bytes))
+            kept.append(sub)
+        del u
+    if not kept:
+        return _piece(ctx, slice(0, 0)), None, width, bad
+    cat = np.concatenate
+    out = replace(ctx, cohort=cat([c.cohort for c in kept]), weights=torch.cat([c.weights for c in kept]),
+                  malicious=None if ctx.malicious is None else cat([c.malicious for c in kept]),
+                  omit_noise=None if ctx.omit_noise is None else cat([c.omit_noise for c in kept]))
+    return out, Received(rows=None, total=total, count=count, upstream_bytes=cat(sent), width=width), width, bad
+
+
 def statistic_step(scheme: Scheme) -> Step | None:
     """The step that needs a round statistic before local training (`Step.round_statistic`), if any."""
     steps = [s for s in scheme.steps if s.round_statistic]
@@ -207,7 +247,7 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
               after_chain: Callable[[torch.Tensor, RoundContext], torch.Tensor] | None = None,
               gather: Gather | None = None,
               totals: dict[str, Any], n_clients: int, sampling_rate: float,
-              extra: dict[str, Any] | None = None) -> RoundOutcome:
+              extra: dict[str, Any] | None = None, piece: int = 0) -> RoundOutcome:
     """One round of `scheme` for the answering clients `ctx.cohort` (see the module docstring).
 
     `train(ctx)` returns the cohort's rows [k, n] for in-process clients, or None when clients
@@ -215,7 +255,8 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
     RoundAborted: the round then releases nothing (no model update, no privacy event).
     `gather` (schemes with a `round_statistic` step) collects the clients' statistic rows.
     `totals` (cumulative bytes) is updated in place; `extra` (driver metrics, which the driver
-    may fill while the round runs) goes into the metrics after the byte counters."""
+    may fill while the round runs) goes into the metrics after the byte counters. `piece` > 0: a scheme
+    that `streams` trains and sends at most that many clients at a time (`stream`)."""
     events = round_events(scheme, ctx, acc)
     r, n_selected = ctx.round, ctx.n_selected
     aborted, diverged, u, rec, delta = None, 0, None, None, None
@@ -227,7 +268,18 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
             ctx, diverged, stat_up, stat_width = round_statistic(stat, ctx, gather)
         except RoundAborted as e:
             aborted = str(e)
-    if len(ctx.cohort) and aborted is None:
+    # a streamed round has no whole-cohort step: no attack after the chain, no private ledger (kept rows)
+    streamed = bool(piece) and scheme.streams and len(ctx.cohort) > piece and after_chain is None \
+        and acc.ledger is None
+    if streamed and aborted is None:
+        try:
+            ctx, rec, width, bad = stream(scheme, ctx, piece, train, send)
+        except RoundAborted as e:
+            aborted, bad = str(e), 0
+        diverged += bad
+        if aborted is None and not len(ctx.cohort):
+            aborted = f"all {bad} answering clients sent non-finite updates"
+    elif len(ctx.cohort) and aborted is None:
         u = train(ctx)
         if u is not None and acc.ledger is None:  # private schemes' ClipStep zeroes such rows, keeping the noise
             u, ctx, bad = drop_nonfinite(u, ctx)
@@ -237,7 +289,7 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
     down_one = scheme.downstream_bytes(ctx)  # after local training: what the clients were sent
     if ctx.statistic is not None:
         down_one += float32_nbytes(ctx.statistic)
-    if len(ctx.cohort) and aborted is None:
+    if len(ctx.cohort) and aborted is None and not streamed:
         try:
             if u is not None:
                 u = client_chain(scheme.steps, u, ctx)
@@ -254,7 +306,8 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
         delta = server_chain(scheme, rec, ctx)
         up = int(np.asarray(rec.upstream_bytes).sum()) + stat_up
         bits = scheme.transport.bits_per_value
-        width = u.shape[1] if u is not None else rec.width  # values per row on the wire (d')
+        if not streamed:
+            width = u.shape[1] if u is not None else rec.width  # values per row on the wire (d')
         formula_up = width * (32 if bits is None else bits) / 8 + stat_width * 4
     if acc.ledger is not None and aborted is None:
         for e in events:

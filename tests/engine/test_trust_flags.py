@@ -178,18 +178,25 @@ def test_reproduce_keeps_a_run_it_cannot_resume_unless_overwrite(table):
 
 def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkeypatch):
     """signSGD trains every client each round: 6,000 clients of the thesis CNN need ~40 GB at once,
-    which the kernel answered with a silent kill; now the run refuses at start and says how to split."""
+    which the kernel answered with a silent kill; now the run refuses at start and says how to split.
+    A scheme whose round needs all rows at once is not told to split (its pieces would be put back together)."""
     from dpfl.config import load_config
     from dpfl.engine import simulator
     from dpfl.engine.simulator import Simulation
     from dpfl.errors import ConfigError
 
-    cfg = load_config(data={"name": "mem", "data": {"dataset": "digits", "n_clients": 20},
-                            "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 8}},
-                            "federation": {"rounds": 1, "clients_per_round": 10}})
+    def cfg(scheme):
+        return load_config(data={"name": "mem", "data": {"dataset": "digits", "n_clients": 10},
+                                 "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 8}},
+                                 "federation": {"rounds": 1, "clients_per_round": 10}, "scheme": {"name": scheme}})
     n = 64 * 8 + 8 + 8 * 10 + 10
     monkeypatch.setattr(simulator, "available_memory", lambda: 4 * n * 5)
+    sign = cfg("signsgd")
     with pytest.raises(ConfigError, match=r"training 10 clients at once .* run.max_cohort=1$"):
-        Simulation(cfg, None, log=lambda s: None)
-    cfg.run.max_cohort = 5
-    Simulation(cfg, None, log=lambda s: None)  # 5 at a time fit
+        Simulation(sign, None, log=lambda s: None)
+    sign.run.max_cohort = 5
+    Simulation(sign, None, log=lambda s: None)  # 5 at a time fit
+    std = cfg("fl-std")
+    std.run.max_cohort = 5
+    with pytest.raises(ConfigError, match=r"training 10 clients at once .* needs every client's row at once"):
+        Simulation(std, None, log=lambda s: None)
