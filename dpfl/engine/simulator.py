@@ -30,7 +30,15 @@ from dpfl.errors import BudgetExceededError, ConfigError, DataError, RunStopped
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext, SetupContext, Step
 from dpfl.schemes.registry import Scheme, build_scheme
-from dpfl.schemes.round import Accounting, batch_plan, check_dpsgd, empty_totals, local_plan, run_round
+from dpfl.schemes.round import (
+    Accounting,
+    batch_plan,
+    can_stream,
+    check_dpsgd,
+    empty_totals,
+    local_plan,
+    run_round,
+)
 from dpfl.schemes.sampling import drop, local_positions, poisson_positions, select_fixed, select_poisson
 
 CHECKPOINT = "checkpoint.pt"
@@ -341,10 +349,11 @@ class Simulation:
     def piece(self) -> int:
         """Clients trained and sent at a time when the round streams (`Scheme.streams`, run.max_cohort, no
         attack, no record-level DP); 0: the whole cohort at once."""
-        m, sc = self.cfg.run.max_cohort, self.scheme
-        ok = (sc.streams and not sc.transport.secure and not sc.aggregator.needs_rows and not sc.private
-              and self.attack is None and self.cfg.train.dpsgd is None)
-        return m if m and ok else 0
+        m = self.cfg.run.max_cohort
+        return m if m and self._can_stream() else 0
+
+    def _can_stream(self) -> bool:
+        return can_stream(self.scheme) and self.attack is None and self.cfg.train.dpsgd is None
 
     def _check_cohort_memory(self) -> None:
         """A cohort trained in one piece holds at least one float32 [k, n] tensor. Refuse at start what
@@ -356,7 +365,7 @@ class Simulation:
         need = 4 * k * self.flat.n
         if avail is not None and need > avail:
             fit = max(1, avail // (16 * self.flat.n))  # a quarter of what is available per piece
-            how = (f"split the cohort with --set run.max_cohort={fit}" if self.scheme.streams else
+            how = (f"split the cohort with --set run.max_cohort={fit}" if self._can_stream() else
                    "this scheme's round needs every client's row at once (run.max_cohort only splits local "
                    "training): use fewer clients a round or a machine with more memory")
             raise ConfigError(f"training {k:,} clients at once needs at least {need / 1e9:.1f} GB (a float32 copy "

@@ -279,8 +279,9 @@ def headline_block(records: Path, rel: str = "records") -> str:
         for k, (name, _) in EXTRA_LABELS.items():
             if e.get(k) is not None:
                 text += f", {name} {e[k]:.2f}" if k == "step_up_bits_per_value" else f", {name} {e[k]:.3f}"
-        path = f"{rel}/{_dir_name(table, acct)}/{row}"
-        lines.append(f"| {label} | {text} | {th_text} | [{_dir_name(table, acct)}/{row}]({path}) | "
+        d = Path(e["dir"])  # a same_run row's record lies under the row it names
+        where = f"{d.parent.name}/{d.name}"
+        lines.append(f"| {label} | {text} | {th_text} | [{where}]({rel}/{where}) | "
                      f"`{e['command']}` |")
     return "\n".join(lines)
 

@@ -114,6 +114,15 @@ def drop_nonfinite(u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, Ro
                           omit_noise=None if omit is None else omit[keep]), int((~keep).sum())
 
 
+def can_stream(scheme: Scheme, after_chain: Callable | None = None, acc: Accounting | None = None) -> bool:
+    """Whether a round of `scheme` may go piece by piece (`stream`): it `streams`, and nothing in the round
+    needs the whole cohort at once (a secure sum, rows at the server, a round statistic, an attack after the
+    chain, a private ledger that keeps non-finite rows)."""
+    return (scheme.streams and not scheme.transport.secure and not scheme.aggregator.needs_rows
+            and not scheme.private and statistic_step(scheme) is None and after_chain is None
+            and (acc is None or acc.ledger is None))
+
+
 def _piece(ctx: RoundContext, rows: slice) -> RoundContext:
     """The context of the answering clients `rows` of a streamed round (their sum is still of all k)."""
     bad, omit = ctx.malicious, ctx.omit_noise
@@ -143,6 +152,7 @@ def stream(scheme: Scheme, ctx: RoundContext, piece: int, train: Callable[[Round
             count += rec.count
             sent.append(np.asarray(rec.upstream_bytes))
             kept.append(sub)
+            del rec
         del u
     if not kept:
         return _piece(ctx, slice(0, 0)), None, width, bad
@@ -268,9 +278,7 @@ def run_round(scheme: Scheme, ctx: RoundContext, acc: Accounting, *,
             ctx, diverged, stat_up, stat_width = round_statistic(stat, ctx, gather)
         except RoundAborted as e:
             aborted = str(e)
-    # a streamed round has no whole-cohort step: no attack after the chain, no private ledger (kept rows)
-    streamed = bool(piece) and scheme.streams and len(ctx.cohort) > piece and after_chain is None \
-        and acc.ledger is None
+    streamed = bool(piece) and len(ctx.cohort) > piece and can_stream(scheme, after_chain, acc)
     if streamed and aborted is None:
         try:
             ctx, rec, width, bad = stream(scheme, ctx, piece, train, send)

@@ -185,10 +185,11 @@ def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkey
     from dpfl.engine.simulator import Simulation
     from dpfl.errors import ConfigError
 
-    def cfg(scheme):
+    def cfg(scheme, **extra):
         return load_config(data={"name": "mem", "data": {"dataset": "digits", "n_clients": 10},
                                  "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 8}},
-                                 "federation": {"rounds": 1, "clients_per_round": 10}, "scheme": {"name": scheme}})
+                                 "federation": {"rounds": 1, "clients_per_round": 10}, "scheme": {"name": scheme},
+                                 **extra})
     n = 64 * 8 + 8 + 8 * 10 + 10
     monkeypatch.setattr(simulator, "available_memory", lambda: 4 * n * 5)
     sign = cfg("signsgd")
@@ -196,7 +197,8 @@ def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkey
         Simulation(sign, None, log=lambda s: None)
     sign.run.max_cohort = 5
     Simulation(sign, None, log=lambda s: None)  # 5 at a time fit
-    std = cfg("fl-std")
-    std.run.max_cohort = 5
-    with pytest.raises(ConfigError, match=r"training 10 clients at once .* needs every client's row at once"):
-        Simulation(std, None, log=lambda s: None)
+    attacked = cfg("signsgd", attack={"name": "random-update", "fraction": 0.2, "options": {"sigma": 1.0}})
+    for c in (cfg("fl-std"), attacked):  # an attack acts on the whole cohort: signSGD then cannot stream either
+        c.run.max_cohort = 5
+        with pytest.raises(ConfigError, match=r"training 10 clients at once .* needs every client's row at once"):
+            Simulation(c, None, log=lambda s: None)
