@@ -452,16 +452,17 @@ class Simulation:
         def train(ctx: RoundContext) -> torch.Tensor:
             nonlocal trained, rows_of, whole
             self._check_record_budget(r, ctx.cohort)
-            if self.piece and len(ctx.cohort) < ctx.k():
-                first = whole is None
+            if self.piece and len(ctx.cohort) < ctx.k():  # train_seconds: the pieces' training only
+                first, t = whole is None, time.perf_counter()
                 if first:
                     whole = self.batches(r, cohort)
                     rows_of = {int(c): i for i, c in enumerate(cohort)}
                 rows = torch.tensor([rows_of[int(c)] for c in ctx.cohort], device=whole.device)
                 u = self.client_updates(ctx, whole[rows], seed=first)
+                extra["train_seconds"] = round(extra["train_seconds"] + time.perf_counter() - (t0 if first else t), 4)
             else:
                 u = self.client_updates(ctx)
-            extra["train_seconds"] = round(time.perf_counter() - t0, 4)
+                extra["train_seconds"] = round(time.perf_counter() - t0, 4)
             if self.record is not None:  # they trained: their records are spent whatever happens next
                 trained = ctx.cohort
                 q = np.minimum(1.0, self.local.batch_size / self.fed.sizes[trained].astype(np.float64))
