@@ -46,6 +46,8 @@ METRICS = "metrics.jsonl"
 CONFIG = "config.toml"
 SUMMARY = "summary.json"
 RUN_FILES = (CONFIG, METRICS, CHECKPOINT, SUMMARY)
+# run settings a resume may take from the resuming process: how fast, where and how often, not what
+RESUME_RESOURCES = ("threads", "device", "max_cohort", "checkpoint_every")
 
 
 @dataclass
@@ -184,7 +186,6 @@ class Simulation:
         # a new run onto an existing one replaces its files only when asked to
         self._fresh = not _resuming
         self._overwrite = overwrite
-        self.code = [{**code_version(), "from_round": 1}]  # a resume adds the code that continues it
         if self.out and self.out.exists() and not self.out.is_dir():
             raise ConfigError(f"output directory {self.out} is a file")
         if self.out and self._fresh and not overwrite and is_run_dir(self.out):
@@ -192,6 +193,7 @@ class Simulation:
                               "or overwrite it explicitly (dpfl run --overwrite)")
         self.seeds = Seeds(cfg.seed)
         self.device = device(cfg)
+        self.code = [{**code_version(), "ran_on": ran_on(self.device), "from_round": 1}]  # a resume adds a part
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.fed = build_federation(cfg, self.seeds)
@@ -652,16 +654,21 @@ class Simulation:
             self.cum = {k: type(v)(st["cum"][k]) for k, v in self.cum.items()}
             self.best = st["best"]
             self.stopped_reason = st.get("stopped")
-            last = {k: v for k, v in was[-1].items() if k != "from_round"} if was else None
-            self.code = was if last == code_version() else [*was, {**code_version(), "from_round": self.round + 1}]
+            # a new part when other code, or another device or CPU, runs the rest (unknown where: code alone)
+            here = ran_on(self.device)
+            last = {k: v for k, v in was[-1].items() if k not in ("from_round", "ran_on")} if was else None
+            moved = bool(was) and was[-1].get("ran_on", here) != here
+            self.code = (was if last == code_version() and not moved
+                         else [*was, {**code_version(), "ran_on": here, "from_round": self.round + 1}])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
             raise DataError(f"{source}: does not fit this run ({type(e).__name__}: {e})") from None
         self._fresh = False
 
     @classmethod
     def resume(cls, out_dir: str | Path, log: Callable[[str], None] = print, rounds: int | None = None,
-               allow_recalibration: bool = False) -> Simulation:
-        """Continue the run in `out_dir` from its checkpoint (optionally to `rounds` rounds in total).
+               allow_recalibration: bool = False, resources: dict[str, Any] | None = None) -> Simulation:
+        """Continue the run in `out_dir` from its checkpoint (optionally to `rounds` rounds in total;
+        `resources`: this process's run.threads / device / max_cohort / checkpoint_every, else the run's).
 
         Refuses (DpflError) a checkpoint that is not plain data or is corrupt, data that differ from
         the run's, fewer rounds than already run, and a noise multiplier σ that changed (e.g. one that
@@ -680,6 +687,11 @@ class Simulation:
                 raise ConfigError(f"{out} has already run {done} rounds; the total number of rounds must be "
                                   f">= {done}, got {rounds}")
             cfg.federation.rounds = rounds
+        if resources:
+            bad = sorted(set(resources) - set(RESUME_RESOURCES))
+            if bad:
+                raise ConfigError(f"a resume takes only {', '.join(RESUME_RESOURCES)} from outside the run, got {bad}")
+            cfg.run = cfg.run.model_validate({**cfg.run.model_dump(), **resources})
         sim = cls(cfg, out, log, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
         was, now = st.get("data"), sim.data_record()
@@ -769,6 +781,12 @@ def machine(device: torch.device) -> dict[str, Any]:
     return out
 
 
+def ran_on(device: torch.device) -> str:
+    """The device and CPU kernels that ran a part of a run, in one line (a resume elsewhere adds a part)."""
+    m = machine(device)
+    return f"{m['device']}: " + (f"{m['gpu']} on " if "gpu" in m else "") + f"{m['cpu']} ({m['cpu_capability']})"
+
+
 @functools.cache
 def code_version() -> dict[str, Any]:
     """The dpfl code this process runs: version, git commit and whether tracked files under dpfl/
@@ -796,7 +814,8 @@ def code_version() -> dict[str, Any]:
 def _code_history(v: Any, source: str) -> list[dict[str, Any]]:
     """A checkpoint's list of the code versions that ran its rounds, checked to be plain data."""
     ok = isinstance(v, list) and all(
-        isinstance(e, dict) and set(e) == {"dpfl", "commit", "modified", "from_round"}
+        isinstance(e, dict) and set(e) - {"ran_on"} == {"dpfl", "commit", "modified", "from_round"}
+        and isinstance(e.get("ran_on", ""), str)
         and isinstance(e["from_round"], int) and not isinstance(e["from_round"], bool)
         and all(x is None or isinstance(x, str) for x in (e["dpfl"], e["commit"]))
         and (e["modified"] is None or isinstance(e["modified"], bool)) for e in v)

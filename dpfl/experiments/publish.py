@@ -191,6 +191,13 @@ def _timing(e: dict) -> str:
         text += f", {machine.get('cpu', '?')}" + (f", {t} thread{'s' if t != 1 else ''}" if t else "")
         if machine.get("gpu"):
             text += f", {machine['gpu']}"
+    parts = [c for c in e["summary"].get("code") or [] if isinstance(c, dict)]
+    last = parts[-1].get("ran_on") if parts else None
+    earlier = [c for c in parts[:-1] if c.get("ran_on") and c["ran_on"] != last]
+    if earlier:  # a run resumed on another machine: say which rounds ran where
+        ends = [c["from_round"] for c in parts[1:]]
+        text += "; " + "; ".join(f"rounds {c['from_round']}–{ends[parts.index(c)] - 1} on {c['ran_on']}"
+                                 for c in earlier)
     return text
 
 

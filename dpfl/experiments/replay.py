@@ -88,7 +88,8 @@ def code_note(code: list[dict[str, Any]] | None) -> str:
     now = _commit(code_version())
     if not code:
         return f"  the record does not name the code that made it; this checkout is commit {now}"
-    ran = ", ".join(f"{_commit(e)} from round {e.get('from_round')}" for e in code if isinstance(e, dict))
+    ran = ", ".join(f"{_commit(e)} from round {e.get('from_round')}" + (f" on {e['ran_on']}" if e.get("ran_on") else "")
+                    for e in code if isinstance(e, dict))
     return f"  the record ran at commit {ran}; this checkout is {now}"
 
 

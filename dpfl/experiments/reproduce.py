@@ -127,7 +127,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
     from dpfl.config import load_config
-    from dpfl.engine.simulator import CHECKPOINT, Simulation, is_run_dir
+    from dpfl.engine.simulator import CHECKPOINT, RESUME_RESOURCES, Simulation, is_run_dir
 
     sets = list(overrides)
     if rounds is not None:
@@ -164,7 +164,8 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
                     raise ConfigError(f"{run_dir} was run with a different config ({', '.join(diff)}); "
                                       "a resumed row keeps its own: use another --out, or --overwrite")
                 sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds,
-                                        allow_recalibration=allow_recalibration)
+                                        allow_recalibration=allow_recalibration,
+                                        resources={k: getattr(cfg.run, k) for k in RESUME_RESOURCES})
                 console.print(f"{row}: resuming at round {sim.round}")
             else:
                 if not overwrite and is_run_dir(run_dir):
@@ -190,8 +191,9 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     return compare
 
 
-# settings that change how fast a row runs or how often it checkpoints, not what it computes, and its label
-_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.checkpoint_every", "run.max_cohort", "name")
+# settings that change how fast a row runs or how often it checkpoints, and its label, not the experiment
+# (threads and device change float rounding: the record's `code` names what ran each part)
+_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.device", "run.checkpoint_every", "run.max_cohort", "name")
 
 
 def config_differences(cfg, run_dir: Path) -> list[str]:

@@ -73,7 +73,9 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     full = Simulation(cfg, tmp_path / "full", log=lambda s: None)
     full.run()
     code = json.loads((tmp_path / "full" / "summary.json").read_text())["code"]
-    assert code == [{**simulator.code_version(), "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
+    here = simulator.ran_on(simulator.torch.device("cpu"))
+    assert code == [{**simulator.code_version(), "ran_on": here, "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
+    assert here.startswith("cpu: ")
     root = simulator.Path(dpfl.__file__).resolve().parent.parent
     if (root / ".git").exists():
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
@@ -83,14 +85,17 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
         if m["round"] == 3:
             raise KeyboardInterrupt
 
-    for name, version in (("same", simulator.code_version()), ("other", {"dpfl": "9.9", "commit": "f" * 40, "modified": False})):
+    other = {"dpfl": "9.9", "commit": "f" * 40, "modified": False}
+    for name, version, at in (("same", simulator.code_version(), here), ("other", other, here),
+                              ("elsewhere", simulator.code_version(), "cuda: a GPU on a CPU (AVX512)")):
         with pytest.raises(KeyboardInterrupt):
             Simulation(cfg, tmp_path / name, log=lambda s: None).run(stop_at_3)  # checkpoint at round 2
         monkeypatch.setattr(simulator, "code_version", lambda v=version: dict(v))
+        monkeypatch.setattr(simulator, "ran_on", lambda d, at=at: at)
         Simulation.resume(tmp_path / name, log=lambda s: None).run()
         monkeypatch.undo()
         got = json.loads((tmp_path / name / "summary.json").read_text())["code"]
-        want = code if name == "same" else [*code, {**version, "from_round": 3}]
+        want = code if name == "same" else [*code, {**version, "ran_on": at, "from_round": 3}]
         assert got == want, name
         assert metrics(tmp_path / name) == metrics(tmp_path / "full")
 
@@ -103,7 +108,11 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
     sim = Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
     assert sim.code == [{"dpfl": None, "commit": None, "modified": None, "from_round": 1},
-                        {**simulator.code_version(), "from_round": 5}]
+                        {**simulator.code_version(), "ran_on": here, "from_round": 5}]
+    st["code"] = [{**simulator.code_version(), "ran_on": 3, "from_round": 1}]  # not a line of text
+    ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
+    with pytest.raises(DataError, match="'code' must be a list of code versions"):
+        Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

@@ -202,3 +202,24 @@ def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkey
         c.run.max_cohort = 5
         with pytest.raises(ConfigError, match=r"training 10 clients at once .* needs every client's row at once"):
             Simulation(c, None, log=lambda s: None)
+
+
+def test_reproduce_resumes_a_row_made_on_another_device(table):
+    """run.device is a resource like run.threads: a row cut on a GPU host resumes on a CPU one
+    (the record's `code` names the device of each part)."""
+    import tomllib
+
+    import tomli_w
+
+    assert cli("reproduce", "tiny", "--out", table, "--rounds", "1").exit_code == 0
+    row = table / "tiny" / "row"
+    cfg = tomllib.loads((row / "config.toml").read_text())
+    cfg.setdefault("run", {})["device"] = "cuda"  # as if the first round ran on a GPU host
+    (row / "config.toml").write_text(tomli_w.dumps(cfg))
+    r = cli("reproduce", "tiny", "--out", table, "--rounds", "2")
+    assert r.exit_code == 0 and "resuming at round 1" in r.output, r.output
+    assert len((row / "metrics.jsonl").read_text().splitlines()) == 2
+    from dpfl.engine.simulator import RESUME_RESOURCES
+    from dpfl.experiments.reproduce import _RESOURCE_KEYS
+
+    assert {f"run.{k}" for k in RESUME_RESOURCES} <= set(_RESOURCE_KEYS)

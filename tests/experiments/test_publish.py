@@ -220,3 +220,16 @@ def test_the_scoreboard_pld_mean_counts_each_pair_of_runs_once():
             gains.append(a["best"]["accuracy"] - b["best"]["accuracy"])
     line = pub.scoreboard_block(ROOT / "records").splitlines()[-1]
     assert f"all {len(gains)} distinct pairs" in line and f"mean {sum(gains) / len(gains):+.4f}." in line
+
+
+def test_the_machine_column_says_which_rounds_ran_elsewhere():
+    """A row cut on a GPU host and resumed on a CPU names both, with the rounds each ran."""
+    from dpfl.experiments.publish import _timing
+
+    code = [{"dpfl": "0.1.0", "commit": None, "modified": None, "ran_on": "cuda: H100 on Xeon (AVX512)",
+             "from_round": 1},
+            {"dpfl": "0.1.0", "commit": "a" * 40, "modified": False, "ran_on": "cpu: EPYC (AVX2)", "from_round": 78}]
+    e = {"metrics": [{"round_seconds": 2.0}], "summary": {"machine": {"cpu": "EPYC", "threads": 1}, "code": code}}
+    assert _timing(e) == "2.0 s, EPYC, 1 thread; rounds 1–77 on cuda: H100 on Xeon (AVX512)"
+    e["summary"]["code"] = [code[1]]
+    assert _timing(e) == "2.0 s, EPYC, 1 thread"

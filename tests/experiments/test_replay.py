@@ -4,6 +4,7 @@ import io
 import json
 
 import pytest
+import torch
 from rich.console import Console
 
 from dpfl.config import load_config
@@ -37,10 +38,10 @@ def test_a_faithful_record_replays_the_same_and_an_edited_one_does_not(tmp_path)
     path.write_text("".join(json.dumps(m) + "\n" for m in lines))
     out = replay(records, "all", 2, quiet)
     assert out[0]["diffs"] == [] and len(out[1]["diffs"]) == 1 and "round 2 up_bytes" in out[1]["diffs"][0]
-    from dpfl.engine.simulator import code_version
-
     # a difference is printed with the code that made the record beside the code replaying it
-    assert out[1]["code"] == [{**code_version(), "from_round": 1}]
+    from dpfl.engine.simulator import code_version, ran_on
+
+    assert out[1]["code"] == [{**code_version(), "ran_on": ran_on(torch.device("cpu")), "from_round": 1}]
     assert f"the record ran at commit {code_version()['commit'] or 'unknown'}" in quiet.file.getvalue()
 
 
