@@ -14,6 +14,10 @@ Every behaviour takes the same common options:
 - ``sign_boost``: after the scheme's client chain, a malicious row is replaced by
   ``sign_boost · sign(row)`` (thesis §6.3, FL-SIGN-DP: signs boosted by η_Adv = 5000, no noise).
 
+Colluders (gradient ascent, backdoors) also take ``pool_epochs``: the union of their data is trained
+for as many epochs as a client's T_gd steps make over its own data, not for T_gd steps (the thesis
+gives T_gd in steps, a whole number of epochs of |D_k|, and does not say which one the union got).
+
 Behaviours: ``boost`` (honest training, boosted), ``random-update`` (G(0, σ_Adv²·I), independent per
 attacker), ``sign-inversion`` (each attacker sends −Δw), ``gradient-ascent`` (colluders ascend on
 the union of their data). The backdoors are in `dpfl.attacks.backdoor`.
@@ -160,6 +164,25 @@ class Colluding(Malicious):
 
     direction = 1.0
 
+    def __init__(self, fraction: float, mode: str = "fixed", *, pool_epochs: bool = False, **kw):
+        super().__init__(fraction, mode, **kw)
+        if not isinstance(pool_epochs, bool):
+            raise ConfigError(f"attack {self.name!r}: pool_epochs must be true or false, got {pool_epochs!r}")
+        # False: the pool trains T_gd steps, like one client; True: as many passes over the union as
+        # a client makes over its own data (T_gd·|B|/|D_k| epochs: Keras `fit(epochs=…)` on the union)
+        self.pool_epochs = pool_epochs
+
+    def _pool_plan(self, sim: Any, pool: int, colluders: int) -> tuple[int, int]:
+        """(steps, batch) for the union: T_gd steps, or with pool_epochs T_gd per colluder (the same
+        epochs over the union, |pool| / mean |D_k| = colluders, as each client's T_gd over its own)."""
+        steps, batch = batch_plan(sim.scheme, sim.local, np.array([pool]))
+        if not self.pool_epochs:
+            return steps, batch
+        if sim.scheme.full_batch or sim.scheme.one_pass:
+            raise ConfigError(f"attack {self.name!r}: pool_epochs applies to schemes that train T_gd steps, "
+                              f"not to {sim.scheme.name} (it already sizes local training by the data)")
+        return steps * colluders, batch
+
     def attacker_indices(self, sim: Any, client: int) -> np.ndarray:
         """Training-set rows an attacking client brings to the pool."""
         return sim.fed.clients[client]
@@ -172,7 +195,7 @@ class Colluding(Malicious):
         if bad is None or not bad.any():
             return honest_updates
         pool = np.concatenate([self.attacker_indices(sim, int(c)) for c in ctx.cohort[bad]])
-        steps, batch = batch_plan(sim.scheme, sim.local, np.array([len(pool)]))
+        steps, batch = self._pool_plan(sim, len(pool), int(bad.sum()))
         pos = local_positions(np.array([len(pool)]), steps, batch, ctx.numpy_rng("attack", "batches"))[0]
         batches = torch.from_numpy(pool[pos][None]).to(sim.device)
         torch.manual_seed(ctx.seeds.seed("round", ctx.round, "attack", "torch"))  # dropout layers

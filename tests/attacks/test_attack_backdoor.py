@@ -72,3 +72,32 @@ def test_backdoor_errors_are_named():
     with pytest.raises(DataError, match="without data"):
         sim_with({"name": "out-backdoor", "fraction": 0.1, "options": {"source": 0, "target": 1}},
                  data={"partition": "classes", "partition_options": {"classes_per_client": 1}})
+
+
+def test_pool_epochs_trains_the_union_for_a_clients_epochs_not_its_steps(monkeypatch):
+    """Default: the colluders' union trains T_gd steps, as one client. pool_epochs: T_gd steps per
+    colluder, so the union gets as many passes as each client's T_gd steps make over its own data."""
+    def one_row_calls(pool_epochs):
+        opts = {"source": 5, "target": 7, "pool_epochs": pool_epochs}
+        sim = sim_with({"name": "in-backdoor", "fraction": 0.3, "options": opts})
+        real, seen = sim.trainer.train, []
+
+        def spy(w, x, y, batches, *a, **kw):
+            seen.append(tuple(batches.shape))
+            return real(w, x, y, batches, *a, **kw)
+
+        monkeypatch.setattr(sim.trainer, "train", spy)
+        sim.step_round()
+        return [s for s in seen if s[0] == 1]  # the union's one training call (honest: all rows at once)
+
+    assert one_row_calls(False) == [(1, 5, 10)]
+    assert one_row_calls(True) == [(1, 5 * 3, 10)]  # fixed mode: 3 colluders of a 10-client cohort
+
+
+def test_pool_epochs_is_checked():
+    with pytest.raises(ConfigError, match="pool_epochs must be true or false"):
+        sim_with({"name": "gradient-ascent", "fraction": 0.2, "options": {"pool_epochs": "yes"}})
+    sim = sim_with({"name": "gradient-ascent", "fraction": 0.3, "options": {"pool_epochs": True}}, scheme="fedsgd")
+    assert sim.scheme.full_batch
+    with pytest.raises(ConfigError, match="pool_epochs applies to schemes that train T_gd steps"):
+        sim.step_round()
