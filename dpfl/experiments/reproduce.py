@@ -83,9 +83,10 @@ def same_run(table: str, row: str) -> tuple[str, str]:
     return t, r
 
 
-def row_dir(table: str, row: str, base: Path) -> Path:
-    """The run directory of `row` under `base` (`<out>/<table>[-<accountant>]`), its same_run row's if any."""
-    t, r = same_run(table, row)
+def row_dir(table: str, row: str, base: Path, same: tuple[str, str] | None = None) -> Path:
+    """The run directory of `row` under `base` (`<out>/<table>[-<accountant>]`), its same_run row's if
+    any (`same`: that row, if the caller has resolved it already)."""
+    t, r = same or same_run(table, row)
     return base.parent / (t + base.name[len(table):]) / r
 
 
@@ -140,7 +141,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
         try:
             t, r = same_run(table, row)
             if (t, r) != (table, row):
-                run_dir = row_dir(table, row, base)
+                run_dir = row_dir(table, row, base, (t, r))
                 console.print(f"[dim]{row}: the same run as {t}/{r}, recorded in {run_dir}[/dim]")
             cfg = load_config(table_rows(t)[1][r], sets)
             summary_file = run_dir / "summary.json"
