@@ -129,6 +129,10 @@ class EvalConfig(_Strict):
     metric: Literal["accuracy", "balanced_accuracy", "auroc"] | None = None
 
 
+# run settings a resume may take from the resuming process: how fast, where and how often, not what
+RESUME_RESOURCES = ("threads", "device", "max_cohort", "checkpoint_every")
+
+
 class RunSection(_Strict):
     checkpoint_every: int = Field(10, ge=1)
     device: str = "cpu"

@@ -21,8 +21,9 @@ from typing import Any, Self
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
-from dpfl.config import RunConfig, dump_config, load_config
+from dpfl.config import RESUME_RESOURCES, RunConfig, dump_config, load_config
 from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
@@ -46,8 +47,6 @@ METRICS = "metrics.jsonl"
 CONFIG = "config.toml"
 SUMMARY = "summary.json"
 RUN_FILES = (CONFIG, METRICS, CHECKPOINT, SUMMARY)
-# run settings a resume may take from the resuming process: how fast, where and how often, not what
-RESUME_RESOURCES = ("threads", "device", "max_cohort", "checkpoint_every")
 
 
 @dataclass
@@ -655,7 +654,7 @@ class Simulation:
             self.best = st["best"]
             self.stopped_reason = st.get("stopped")
             # a new part when other code, or another device or CPU, runs the rest (unknown where: code alone)
-            here = ran_on(self.device)
+            here = self.code[0]["ran_on"]  # this process's part, set in __init__
             last = {k: v for k, v in was[-1].items() if k not in ("from_round", "ran_on")} if was else None
             moved = bool(was) and was[-1].get("ran_on", here) != here
             self.code = (was if last == code_version() and not moved
@@ -691,7 +690,11 @@ class Simulation:
             bad = sorted(set(resources) - set(RESUME_RESOURCES))
             if bad:
                 raise ConfigError(f"a resume takes only {', '.join(RESUME_RESOURCES)} from outside the run, got {bad}")
-            cfg.run = cfg.run.model_validate({**cfg.run.model_dump(), **resources})
+            try:
+                cfg.run = cfg.run.model_validate({**cfg.run.model_dump(), **resources})
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise ConfigError(f"run.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
         sim = cls(cfg, out, log, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
         was, now = st.get("data"), sim.data_record()

@@ -11,6 +11,7 @@ records).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -193,11 +194,10 @@ def _timing(e: dict) -> str:
             text += f", {machine['gpu']}"
     parts = [c for c in e["summary"].get("code") or [] if isinstance(c, dict)]
     last = parts[-1].get("ran_on") if parts else None
-    earlier = [c for c in parts[:-1] if c.get("ran_on") and c["ran_on"] != last]
-    if earlier:  # a run resumed on another machine: say which rounds ran where
-        ends = [c["from_round"] for c in parts[1:]]
-        text += "; " + "; ".join(f"rounds {c['from_round']}–{ends[parts.index(c)] - 1} on {c['ran_on']}"
-                                 for c in earlier)
+    moved = [(c, nxt) for c, nxt in itertools.pairwise(parts) if c.get("ran_on") and c["ran_on"] != last]
+    if moved:  # a run resumed on another machine: say which rounds ran where
+        text += "; " + "; ".join(f"rounds {c['from_round']}–{nxt['from_round'] - 1} on {c['ran_on']}"
+                                 for c, nxt in moved)
     return text
 
 

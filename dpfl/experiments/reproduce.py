@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from dpfl.config import RESUME_RESOURCES
 from dpfl.errors import ConfigError, DataError
 from dpfl.experiments import configs_root
 
@@ -128,7 +129,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
     from dpfl.config import load_config
-    from dpfl.engine.simulator import CHECKPOINT, RESUME_RESOURCES, Simulation, is_run_dir
+    from dpfl.engine.simulator import CHECKPOINT, Simulation, is_run_dir
 
     sets = list(overrides)
     if rounds is not None:
@@ -194,7 +195,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
 
 # settings that change how fast a row runs or how often it checkpoints, and its label, not the experiment
 # (threads and device change float rounding: the record's `code` names what ran each part)
-_RESOURCE_KEYS = ("federation.rounds", "run.threads", "run.device", "run.checkpoint_every", "run.max_cohort", "name")
+_RESOURCE_KEYS = ("federation.rounds", *(f"run.{k}" for k in RESUME_RESOURCES), "name")
 
 
 def config_differences(cfg, run_dir: Path) -> list[str]:
