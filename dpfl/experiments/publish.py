@@ -442,6 +442,95 @@ def record_dp_block(records: Path, rel: str) -> str:
     return "\n".join(lines)
 
 
+# ---- probes -------------------------------------------------------------------------------------
+
+# docs/probes/probes.toml names, for each probe folder, the record it tests: `[NAME] record = "TABLE/ROW"`.
+PROBES = "docs/probes/probes.toml"
+_RUN_KEYS_SHOWN = {"run.device"}  # of the run.* resources, the one a reader may want to see
+
+
+def _flat(d: dict, pre: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{pre}{k}."))
+        else:
+            out[f"{pre}{k}"] = v
+    return out
+
+
+def _toml_value(v) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else f"{v:g}" \
+        if isinstance(v, float) else str(v)
+
+
+def config_changes(probe: dict, record: dict) -> list[str]:
+    """What a probe's resolved config sets differently from its record's (name, planned rounds and the
+    run.* resources other than run.device left out)."""
+    a, b = _flat(probe), _flat(record)
+    keep = [k for k in sorted(set(a) | set(b)) if k not in ("name", "federation.rounds")
+            and (not k.startswith("run.") or k in _RUN_KEYS_SHOWN) and a.get(k, ...) != b.get(k, ...)]
+    return [f"`{k} = {_toml_value(a[k])}`" + (f" (record: {_toml_value(b[k])})" if k in b else "") if k in a
+            else f"`{k}` unset (record: {_toml_value(b[k])})" for k in keep]
+
+
+def probes_block(root: Path, rel_probes: str, rel_records: str) -> str:
+    """Each probe under docs/probes beside the record it tests: what its config changes, and its last
+    accuracy against the record's at the same round and over the record's whole run."""
+    import tomllib
+
+    from dpfl.experiments.report import load_run
+
+    root = Path(root)
+    index_file = root / PROBES
+    try:
+        index = tomllib.loads(index_file.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{index_file}: {e}") from None
+    folders = sorted(p.name for p in index_file.parent.iterdir() if p.is_dir())
+    if sorted(index) != folders:
+        raise ConfigError(f"{index_file} must name every probe folder once: folders without an entry "
+                          f"{sorted(set(folders) - set(index)) or '[]'}, entries without a folder "
+                          f"{sorted(set(index) - set(folders)) or '[]'}")
+    lines = ["| probe | record it tests | changes against the record | rounds | probe accuracy (round) | "
+             "record at that round | record's best by then (round) | record first reaches it | "
+             "record's best (round), rounds run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in folders:
+        entry = index[name]
+        rec = entry.get("record") if isinstance(entry, dict) else None
+        if set(entry if isinstance(entry, dict) else ()) != {"record"} or not isinstance(rec, str):
+            raise ConfigError(f"{index_file}: [{name}] must hold exactly one key, record = \"TABLE/ROW\"")
+        pdir, rdir = index_file.parent / name, root / "records" / rec
+        for d in (pdir, rdir):
+            if not (d / "metrics.jsonl").is_file() or not (d / "config.toml").is_file():
+                raise ConfigError(f"{index_file}: [{name}]: {d} has no config.toml and metrics.jsonl")
+        _, pm = load_run(pdir)
+        _, rm = load_run(rdir)
+        pcfg, rcfg = (tomllib.loads((d / "config.toml").read_text()) for d in (pdir, rdir))
+        last = next((m for m in reversed(pm) if "accuracy" in m), None)
+        if last is None:
+            raise ConfigError(f"{pdir}: no round was evaluated")
+        planned = pcfg["federation"]["rounds"]
+        rounds = f"{len(pm)} of {planned}" + (", cut short" if len(pm) < planned else "")
+        if planned != rcfg["federation"]["rounds"]:
+            rounds += f" (record: {rcfg['federation']['rounds']})"
+        at = next((m for m in rm if m["round"] == last["round"] and "accuracy" in m), None)
+        first = next((m for m in rm if m.get("accuracy", -1.0) >= last["accuracy"]), None)
+        revals = [m for m in rm if "accuracy" in m]
+        best = max(revals, key=lambda m: m["accuracy"])
+        by_then = max((m for m in revals if m["round"] <= last["round"]), key=lambda m: m["accuracy"], default=None)
+        changes = "; ".join(config_changes(pcfg, rcfg)) or "none"
+        lines.append(
+            f"| [{name}]({rel_probes}/{name}) | [{rec}]({rel_records}/{rec}) | {changes} | {rounds} | "
+            f"{last['accuracy']:.4f} ({last['round']}) | "
+            + (f"{at['accuracy']:.4f}" if at else "not evaluated") + " | "
+            + (f"{by_then['accuracy']:.4f} ({by_then['round']})" if by_then else "—") + " | "
+            + (f"round {first['round']}" if first else "never") + " | "
+            f"{best['accuracy']:.4f} ({best['round']}), {len(rm)} |")
+    return "\n".join(lines)
+
+
 # ---- splicing ------------------------------------------------------------------------------------
 
 def splice(text: str, name: str, body: str, source: str) -> str:
@@ -469,7 +558,9 @@ def generated(root: Path) -> dict[Path, str]:
             (root / "docs" / "RESULTS.md",
              {"scoreboard": lambda: scoreboard_block(records),
               **{t: (lambda t=t, v=v: table_block(records, t, v, "../records", f"figures/{t}.png"))
-                 for t, v in tables.items()}}),
+                 for t, v in tables.items()},
+              **({"probes": lambda: probes_block(root, "probes", "../records")} if (root / PROBES).is_file()
+                 else {})}),
             *[(root / CONFIG_RUNS["record-dp"], {"record-dp": lambda: record_dp_block(records, "../records")})]
             * (records / "record-dp").is_dir()):
         if not doc.is_file():

@@ -77,6 +77,7 @@ def test_a_number_edited_by_hand_is_caught(tmp_path):
     shutil.copy(ROOT / "docs" / "RESULTS.md", tmp_path / "docs" / "RESULTS.md")
     for doc in pub.CONFIG_RUNS.values():
         shutil.copy(ROOT / doc, tmp_path / doc)
+    shutil.copytree(ROOT / "docs" / "probes", tmp_path / "docs" / "probes")
     console = Console(record=True)
     assert pub.publish(tmp_path, console, check=True) == []
     text = (tmp_path / "docs" / "RESULTS.md").read_text()
@@ -124,6 +125,44 @@ def test_a_row_cut_short_is_labelled_and_gets_no_delta(tiny_records):
     head = pub.headline_block(tiny_records)
     assert "(2/200, cut short)" in next(ln for ln in head.splitlines() if ln.startswith("| FL-CS r = 0.1,"))
     assert next(ln for ln in head.splitlines() if ln.startswith("| FL-SIGN, setting A")).count("no record yet") == 1
+
+
+def _probe_tree(tmp_path, records):
+    root = tmp_path / "root"
+    shutil.copytree(records, root / "records")
+    cfg = _tiny(2).model_copy(update={"train": _tiny(2).train.model_copy(update={"lr": 0.3})})
+    Simulation(cfg, root / "docs" / "probes" / "lr0.3", log=lambda s: None).run()
+    (root / pub.PROBES).write_text('["lr0.3"]\nrecord = "table-4.2/fl-rnd_r0.1"\n')
+    return root
+
+
+def test_the_probes_block_reads_each_probe_against_its_record(tiny_records, tmp_path):
+    """What the probe changed comes from the two configs, and every number from the two metrics files."""
+    root = _probe_tree(tmp_path, tiny_records)
+    line = pub.probes_block(root, "probes", "../records").splitlines()[2]
+    probe = [json.loads(x) for x in (root / "docs/probes/lr0.3/metrics.jsonl").read_text().splitlines()]
+    rec = [json.loads(x) for x in (root / "records/table-4.2/fl-rnd_r0.1/metrics.jsonl").read_text().splitlines()]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == "[lr0.3](probes/lr0.3)" and cells[1] == "[table-4.2/fl-rnd_r0.1](../records/table-4.2/fl-rnd_r0.1)"
+    assert cells[2] == "`train.lr = 0.3` (record: 0.2)"
+    assert cells[3] == "2 of 2 (record: 3)"
+    assert cells[4] == f"{probe[1]['accuracy']:.4f} (2)" and cells[5] == f"{rec[1]['accuracy']:.4f}"
+    best = max(rec, key=lambda m: m["accuracy"])
+    assert cells[-1] == f"{best['accuracy']:.4f} ({best['round']}), 3"
+
+
+def test_every_probe_folder_needs_one_entry_naming_its_record(tiny_records, tmp_path):
+    root = _probe_tree(tmp_path, tiny_records)
+    (root / "docs/probes/other").mkdir()
+    with pytest.raises(ConfigError, match=r"folders without an entry \['other'\]"):
+        pub.probes_block(root, "probes", "../records")
+    (root / "docs/probes/other").rmdir()
+    (root / pub.PROBES).write_text('["lr0.3"]\nrecord = "table-4.2/fl-rnd_r0.1"\nnote = 1\n')
+    with pytest.raises(ConfigError, match="exactly one key"):
+        pub.probes_block(root, "probes", "../records")
+    (root / pub.PROBES).write_text('["lr0.3"]\nrecord = "table-4.2/nope"\n')
+    with pytest.raises(ConfigError, match="has no config.toml and metrics.jsonl"):
+        pub.probes_block(root, "probes", "../records")
 
 
 def test_figures_are_byte_identical_when_regenerated(tiny_records, tmp_path):
