@@ -492,9 +492,9 @@ def probes_block(root: Path, rel_probes: str, rel_records: str) -> str:
         raise ConfigError(f"{index_file} must name every probe folder once: folders without an entry "
                           f"{sorted(set(folders) - set(index)) or '[]'}, entries without a folder "
                           f"{sorted(set(index) - set(folders)) or '[]'}")
-    lines = ["| probe | record it tests | changes against the record | rounds | probe accuracy (round) | "
-             "record at that round | record's best by then (round) | record first reaches it | "
-             "record's best (round), rounds run |",
+    lines = [("| probe | record it tests | changes against the record | rounds | probe accuracy (round) | "
+              "record at that round | record's best by then (round) | record first reaches it | "
+              "record's best (round), rounds run |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for name in folders:
         entry = index[name]
