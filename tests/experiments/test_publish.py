@@ -192,6 +192,7 @@ def test_cli_check_exits_1_on_a_stale_block_and_2_with_one_line_on_a_missing_mar
     (tmp_path / "docs").mkdir()
     (tmp_path / "records").symlink_to(ROOT / "records")
     shutil.copy(ROOT / "docs" / "RESULTS.md", tmp_path / "docs" / "RESULTS.md")
+    (tmp_path / "docs" / "probes").symlink_to(ROOT / "docs" / "probes")
     readme = (ROOT / "README.md").read_text()
     (tmp_path / "README.md").write_text(readme.replace("| 0.8505 at round 200,", "| 0.8605 at round 200,"))
     if (ROOT / "records" / "record-dp").is_dir():
