@@ -449,29 +449,19 @@ PROBES = "docs/probes/probes.toml"
 _RUN_KEYS_SHOWN = {"run.device"}  # of the run.* resources, the one a reader may want to see
 
 
-def _flat(d: dict, pre: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{pre}{k}."))
-        else:
-            out[f"{pre}{k}"] = v
+def config_changes(probe: RunConfig, record: RunConfig) -> list[str]:
+    """What a probe's config sets differently from its record's, in `--set` syntax (the planned rounds
+    and the run.* resources other than run.device left out), with the record's value."""
+    from dpfl.experiments.report import config_diff
+
+    theirs = dict(s.split("=", 1) for s in config_diff(probe, record))
+    out = []
+    for s in config_diff(record, probe):
+        k = s.split("=", 1)[0]
+        if k == "federation.rounds" or (k.startswith("run.") and k not in _RUN_KEYS_SHOWN):
+            continue
+        out.append(f"`{s}`" + (f" (record: {theirs[k]})" if theirs.get(k, "(unset)") != "(unset)" else ""))
     return out
-
-
-def _toml_value(v) -> str:
-    return ("true" if v else "false") if isinstance(v, bool) else f'"{v}"' if isinstance(v, str) else f"{v:g}" \
-        if isinstance(v, float) else str(v)
-
-
-def config_changes(probe: dict, record: dict) -> list[str]:
-    """What a probe's resolved config sets differently from its record's (name, planned rounds and the
-    run.* resources other than run.device left out)."""
-    a, b = _flat(probe), _flat(record)
-    keep = [k for k in sorted(set(a) | set(b)) if k not in ("name", "federation.rounds")
-            and (not k.startswith("run.") or k in _RUN_KEYS_SHOWN) and a.get(k, ...) != b.get(k, ...)]
-    return [f"`{k} = {_toml_value(a[k])}`" + (f" (record: {_toml_value(b[k])})" if k in b else "") if k in a
-            else f"`{k}` unset (record: {_toml_value(b[k])})" for k in keep]
 
 
 def probes_block(root: Path, rel_probes: str, rel_records: str) -> str:
@@ -479,6 +469,7 @@ def probes_block(root: Path, rel_probes: str, rel_records: str) -> str:
     accuracy against the record's at the same round and over the record's whole run."""
     import tomllib
 
+    from dpfl.config import load_config
     from dpfl.experiments.report import load_run
 
     root = Path(root)
@@ -507,14 +498,14 @@ def probes_block(root: Path, rel_probes: str, rel_records: str) -> str:
                 raise ConfigError(f"{index_file}: [{name}]: {d} has no config.toml and metrics.jsonl")
         _, pm = load_run(pdir)
         _, rm = load_run(rdir)
-        pcfg, rcfg = (tomllib.loads((d / "config.toml").read_text()) for d in (pdir, rdir))
+        pcfg, rcfg = (load_config(d / "config.toml") for d in (pdir, rdir))
         last = next((m for m in reversed(pm) if "accuracy" in m), None)
         if last is None:
             raise ConfigError(f"{pdir}: no round was evaluated")
-        planned = pcfg["federation"]["rounds"]
+        planned = pcfg.federation.rounds
         rounds = f"{len(pm)} of {planned}" + (", cut short" if len(pm) < planned else "")
-        if planned != rcfg["federation"]["rounds"]:
-            rounds += f" (record: {rcfg['federation']['rounds']})"
+        if planned != rcfg.federation.rounds:
+            rounds += f" (record: {rcfg.federation.rounds})"
         at = next((m for m in rm if m["round"] == last["round"] and "accuracy" in m), None)
         first = next((m for m in rm if m.get("accuracy", -1.0) >= last["accuracy"]), None)
         revals = [m for m in rm if "accuracy" in m]

@@ -144,7 +144,7 @@ def test_the_probes_block_reads_each_probe_against_its_record(tiny_records, tmp_
     rec = [json.loads(x) for x in (root / "records/table-4.2/fl-rnd_r0.1/metrics.jsonl").read_text().splitlines()]
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[0] == "[lr0.3](probes/lr0.3)" and cells[1] == "[table-4.2/fl-rnd_r0.1](../records/table-4.2/fl-rnd_r0.1)"
-    assert cells[2] == "`train.lr = 0.3` (record: 0.2)"
+    assert cells[2] == "`train.lr=0.3` (record: 0.2)"
     assert cells[3] == "2 of 2 (record: 3)"
     assert cells[4] == f"{probe[1]['accuracy']:.4f} (2)" and cells[5] == f"{rec[1]['accuracy']:.4f}"
     best = max(rec, key=lambda m: m["accuracy"])
