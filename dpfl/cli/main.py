@@ -141,7 +141,9 @@ def execute(sim, label: str) -> dict:
 def run(
     config: Path = typer.Argument(None, help="Run config (TOML). Omit with --resume."),
     out: Path = typer.Option(None, "--out", "-o", help="Run directory (default runs/<name>-<time>)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set federation.rounds=20"),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set federation.rounds=20 (with "
+                                   "--resume: only this machine's run.threads, run.device, run.max_cohort, "
+                                   "run.checkpoint_every)"),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its checkpoint."),
     rounds: int = typer.Option(None, "--rounds", help="With --resume: extend the total number of rounds."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
@@ -156,11 +158,10 @@ def run(
     try:
         if resume is not None:
             _refuse_flags("with --resume (it continues the run's own config.toml)",
-                          CONFIG=config is not None, **{"--set": bool(set_), "--out": out is not None,
-                                                        "--overwrite": overwrite})
+                          CONFIG=config is not None, **{"--out": out is not None, "--overwrite": overwrite})
             _check_rounds(rounds)
             sim = Simulation.resume(resume, log=console.print, rounds=rounds,
-                                    allow_recalibration=allow_recalibration)
+                                    allow_recalibration=allow_recalibration, resources=_resume_resources(set_))
             console.print(f"resuming {resume} at round {sim.round}")
         else:
             if config is None:
@@ -223,6 +224,23 @@ def quickstart(
     console.print("next: `dpfl report " + " ".join(str(s.out) for _, s, _, _ in done) + "` plots both; "
                   "`dpfl reproduce list` runs the thesis tables; `dpfl schemes` lists every scheme.",
                   highlight=False, soft_wrap=True)
+
+
+def _resume_resources(set_: list[str] | None) -> dict | None:
+    """--set with --resume: only this machine's resources (run.threads, run.device, ...), never the experiment."""
+    from dpfl.config import RESUME_RESOURCES, apply_overrides, load_config
+    from dpfl.errors import ConfigError
+
+    if not set_:
+        return None
+    raw = apply_overrides({}, set_)  # checks key=value
+    allowed = {f"run.{k}" for k in RESUME_RESOURCES}
+    bad = sorted({item.split("=", 1)[0].strip() for item in set_} - allowed)
+    if bad:
+        raise ConfigError(f"with --resume, --set takes only {', '.join(f'run.{k}' for k in RESUME_RESOURCES)} "
+                          f"(the run continues its own config.toml), got {', '.join(bad)}")
+    run = load_config(data={"run": raw["run"]}).run
+    return {k: getattr(run, k) for k in raw["run"]}
 
 
 def _refuse_flags(when: str, **given: bool) -> None:

@@ -52,14 +52,33 @@ def test_out_onto_an_existing_run_refuses_without_overwrite(made, tmp_path):
     assert "seed = 9" in (run / "config.toml").read_text()
 
 
-@pytest.mark.parametrize("extra,named", [(["CONFIG"], "CONFIG"), (["--set", "seed=1"], "--set"),
-                                         (["--out", "elsewhere"], "--out"), (["--overwrite"], "--overwrite")])
+@pytest.mark.parametrize("extra,named", [(["CONFIG"], "CONFIG"), (["--out", "elsewhere"], "--out"), (["--overwrite"], "--overwrite")])
 def test_flags_that_do_not_apply_with_resume(made, extra, named):
     cfg, run = made
     before = snapshot(run)
     args = [cfg if a == "CONFIG" else a for a in extra]
     refused(cli("run", "--resume", run, *args), named, "does not apply with --resume")
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("sets,named", [(["seed=1"], "got seed"), (["run.threads=1", "train.lr=0.5"], "got train.lr"),
+                                        (["run.engine=\"loop\""], "got run.engine"),
+                                        (["run.threads=-1"], "run.threads"), (["run.threads"], "key=value")])
+def test_resume_takes_only_resources_from_set(made, sets, named):
+    """--set with --resume changes where the run goes on (threads, device...), never what it is."""
+    _, run = made
+    before = snapshot(run)
+    refused(cli("run", "--resume", run, "--rounds", "3", *[x for s in sets for x in ("--set", s)]), named)
+    assert snapshot(run) == before
+
+
+def test_resume_with_a_resource_set_runs_on_with_it(made):
+    _, run = made
+    assert "threads = 2" not in (run / "config.toml").read_text()
+    r = cli("run", "--resume", run, "--rounds", "3", "--set", "run.threads=2")
+    assert r.exit_code == 0, r.output
+    assert "threads = 2" in (run / "config.toml").read_text()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
 
 
 @pytest.mark.parametrize("extra,named", [(["--rounds", "3"], "--rounds"),
