@@ -165,6 +165,25 @@ def test_every_probe_folder_needs_one_entry_naming_its_record(tiny_records, tmp_
         pub.probes_block(root, "probes", "../records")
 
 
+@pytest.mark.parametrize("table", ["table-5.1", "table-4.2"])
+def test_dp_rows_without_a_tighter_accountant_record_are_listed(table):
+    """Every client-level DP row of tables 5.1/5.3/5.5 is also run with σ re-calibrated (PLD, or RDP for
+    FL-SIGN-DP); the table's block lists those that have no full-length such record yet."""
+    records = ROOT / "records"
+    block = pub.table_block(records, table, pub.record_tables(records)[table], "../records", None)
+    line = [ln for ln in block.splitlines() if ln.startswith("No full-length record with σ re-calibrated")]
+    twins = set()
+    for acct in ("pld", "rdp"):
+        for d in (records / f"{table}-{acct}").glob("*"):
+            if (d / "summary.json").is_file() and len((d / "metrics.jsonl").read_text().splitlines()) == \
+                    load_config(d / "config.toml").federation.rounds:
+                twins.add(d.name)
+    rows = table_rows(table)[1]
+    private = {r for r in rows if "-dp" in load_config(rows[r]).scheme.name}
+    want = private - twins if table in pub.TWINNED else set()
+    assert set(re.findall(r"`([a-z0-9_.-]+)`", line[0].split("):", 1)[1])) == want if want else line == []
+
+
 def test_figures_are_byte_identical_when_regenerated(tiny_records, tmp_path):
     a = pub.table_figure(tiny_records, "table-4.2", [None], tmp_path / "a.png")
     b = pub.table_figure(tiny_records, "table-4.2", [None], tmp_path / "b.png")
