@@ -104,16 +104,18 @@ class Malicious(Attack):
     def after_chain(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         if self.sign_boost is None or ctx.malicious is None or not ctx.malicious.any():
             return u
-        if u.is_floating_point():
-            out = u.clone()
-        else:
-            if self.sign_boost != round(self.sign_boost):
-                raise ConfigError(f"attack {self.name!r}: the scheme sends integers, so sign_boost must be "
-                                  f"an integer, got {self.sign_boost}")
-            out = u.to(torch.int64)  # room for the boosted values (the wire format decides what survives)
+        if not u.is_floating_point() and self.sign_boost != round(self.sign_boost):
+            raise ConfigError(f"attack {self.name!r}: the scheme sends integers, so sign_boost must be "
+                              f"an integer, got {self.sign_boost}")
         bad = torch.from_numpy(ctx.malicious).to(u.device)
         s = random_sign(u[bad].detach().cpu().numpy(), ctx.numpy_rng("attack", "sign-zeros"))
-        eta = self.sign_boost if out.is_floating_point() else int(self.sign_boost)
+        eta = self.sign_boost if u.is_floating_point() else int(self.sign_boost)
+        if u.is_floating_point():
+            out = u.clone()
+        elif eta <= torch.iinfo(u.dtype).max:
+            out = u  # integer rows are the chain's own output: the boosted rows are written in place
+        else:
+            out = u.to(torch.int64)  # room for the boosted values (the wire format decides what survives)
         out[bad] = torch.from_numpy(s).to(out.device, out.dtype) * eta
         return out
 

@@ -255,6 +255,33 @@ def test_omitted_noise_and_boosted_signs_take_over_fl_sign_dp_but_not_fl_sign():
     assert dp > 0.99 and plain < 0.75
 
 
+def test_boosted_share_rows_keep_their_int32_width_and_sum_as_int64_rows_do():
+    """FL-SIGN-DP's share rows are int32: the boosted rows are written in place when ±η_Adv fits, and
+    the secure sum of them is the sum of the same values widened to int64 (the former path)."""
+    from dpfl.compression.bits import random_sign
+    from dpfl.schemes.dp import DiscreteGaussianShareStep
+    from dpfl.schemes.secure_sum import SecureSum
+    from dpfl.schemes.sign import SignStep
+
+    k, n = 10, 2000
+    u = torch.randn(k, n, generator=torch.Generator().manual_seed(7))
+    a = attack("sign-inversion", 0.2, omit_noise=True, sign_boost=400)  # 13-bit ring: |value| ≤ 409
+    ctx = round_ctx(k, n)
+    ctx.malicious = a.select(ctx)
+    share = DiscreteGaussianShareStep(sigma=1.0, q=0.1)
+    x = share.client(SignStep(0.01).client(a.tamper(u.clone(), ctx), ctx), ctx)
+    assert x.dtype == torch.int32 and (x == 0).any()  # zeros: the attackers' random signs are drawn too
+    bad = torch.from_numpy(ctx.malicious)
+    wide = x.to(torch.int64)
+    wide[bad] = torch.from_numpy(random_sign(x[bad].numpy(), ctx.numpy_rng("attack", "sign-zeros"))).long() * 400
+    out = a.after_chain(x, ctx)
+    assert out.dtype == torch.int32 and out.data_ptr() == x.data_ptr() and torch.equal(out.long(), wide)
+    t = SecureSum(share)
+    assert torch.equal(t.transmit(out.clone(), ctx).total, t.transmit(wide.clone(), ctx).total)
+    big = attack("sign-inversion", 0.2, sign_boost=2**40).after_chain(x.clone(), ctx)  # does not fit int32
+    assert big.dtype == torch.int64 and int(big[bad].abs().min()) == 2**40
+
+
 def test_in_backdoor_against_fl_sign_dp_end_to_end():
     att = {"name": "in-backdoor", "fraction": 0.1,
            "options": {"source": 5, "target": 7, "omit_noise": True, "sign_boost": 100}}
