@@ -529,6 +529,8 @@ def probes_block(root: Path, rel_probes: str, rel_records: str) -> str:
         at = next((m for m in rm if m["round"] == last["round"] and "accuracy" in m), None)
         first = next((m for m in rm if m.get("accuracy", -1.0) >= last["accuracy"]), None)
         revals = [m for m in rm if "accuracy" in m]
+        if not revals:
+            raise ConfigError(f"{rdir}: no round was evaluated")
         best = max(revals, key=lambda m: m["accuracy"])
         by_then = max((m for m in revals if m["round"] <= last["round"]), key=lambda m: m["accuracy"], default=None)
         changes = "; ".join(config_changes(pcfg, rcfg)) or "none"
