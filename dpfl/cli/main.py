@@ -227,8 +227,9 @@ def quickstart(
 
 
 def _resume_resources(set_: list[str] | None) -> dict | None:
-    """--set with --resume: only this machine's resources (run.threads, run.device, ...), never the experiment."""
-    from dpfl.config import RESUME_RESOURCES, apply_overrides, load_config
+    """--set with --resume: only this machine's resources (run.threads, run.device, ...), never the experiment
+    (their values are checked by `Simulation.resume`)."""
+    from dpfl.config import RESUME_RESOURCES, apply_overrides
     from dpfl.errors import ConfigError
 
     if not set_:
@@ -239,8 +240,7 @@ def _resume_resources(set_: list[str] | None) -> dict | None:
     if bad:
         raise ConfigError(f"with --resume, --set takes only {', '.join(f'run.{k}' for k in RESUME_RESOURCES)} "
                           f"(the run continues its own config.toml), got {', '.join(bad)}")
-    run = load_config(data={"run": raw["run"]}).run
-    return {k: getattr(run, k) for k in raw["run"]}
+    return raw["run"]
 
 
 def _refuse_flags(when: str, **given: bool) -> None:

@@ -98,14 +98,21 @@ def _dir_name(table: str, acct: str | None) -> str:
     return f"{table}-{acct}" if acct else table
 
 
+def row_order(table: str) -> tuple[dict, dict[str, Path], list[str]]:
+    """(thesis, row -> config, the rows in the thesis's order, then the rows it has no number for)."""
+    from dpfl.experiments.reproduce import table_rows
+
+    thesis, all_rows = table_rows(table)
+    return thesis, all_rows, [r for r in thesis if r in all_rows] + [r for r in all_rows if r not in thesis]
+
+
 def table_entries(records: Path, table: str, variants: list[str | None]) -> tuple[dict, list[dict], list[str]]:
     """(thesis, one entry per record in thesis row order, rows with no record in any variant). An entry
     holds the `compare_rows` dict plus the record's config, summary, metrics, accountant and σ."""
     from dpfl.config import load_config
-    from dpfl.experiments.reproduce import collect_runs, compare_rows, table_rows
+    from dpfl.experiments.reproduce import collect_runs, compare_rows
 
-    thesis, all_rows = table_rows(table)
-    order = [r for r in thesis if r in all_rows] + [r for r in all_rows if r not in thesis]
+    thesis, _, order = row_order(table)
     entries = []
     for acct in variants:
         results, _ = collect_runs(table, Path(records) / _dir_name(table, acct), order)
@@ -263,11 +270,9 @@ def _untwinned(table: str, entries: list[dict]) -> list[str]:
     if table not in TWINNED:
         return []
     from dpfl.config import load_config
-    from dpfl.experiments.reproduce import table_rows
     from dpfl.schemes.index import PRIVATE
 
-    thesis, all_rows = table_rows(table)
-    order = [r for r in thesis if r in all_rows] + [r for r in all_rows if r not in thesis]
+    _, all_rows, order = row_order(table)
     twinned = {e["row"] for e in entries if e["acct"] is not None and e["complete"]}
     return [r for r in order if r not in twinned and load_config(all_rows[r]).scheme.name in PRIVATE]
 
