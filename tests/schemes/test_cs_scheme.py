@@ -193,3 +193,47 @@ def test_lam_scale_multiplies_the_noise_threshold(contexts):
         CompressiveSensingStep(ratio=0.05, lam=1e-5, lam_scale=0.5)
     with pytest.raises(ConfigError, match="lam_scale"):
         CompressiveSensingStep(ratio=0.05, lam="noise", lam_scale=0)
+
+
+def test_noise_ef_lambda_tracks_the_noise_error_feedback_accumulates(contexts):
+    """λ = "noise-ef" with zero aggregates (nothing reconstructed): the noise in e_t is
+    η Σ_j z_j (1 − ρ^(t−j+1)) / (1 − ρ), so Var(e_t) = η² τ² Σ_{k=1..t} ((1 − ρ^k) / (1 − ρ))²,
+    and a Monte Carlo run of the same recursion agrees."""
+    n, tau, rho, eta = 20000, 0.01, 0.9, 0.35
+    sctx, rctx = contexts(n, seed=2)
+    step = CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise-ef", momentum=rho, server_lr=eta)
+    step.setup(sctx)
+    lams = []
+    for t in range(1, 31):
+        ctx = _noised(rctx(t, 5), tau)
+        step.server(torch.zeros(step.op.m), ctx)
+        lams.append(ctx.metrics["cs_lambda"])
+    for t in (1, 2, 10, 30):
+        var = eta**2 * tau**2 * sum(((1 - rho**k) / (1 - rho)) ** 2 for k in range(1, t + 1))
+        assert lams[t - 1] == pytest.approx(math.sqrt(var * 0.05 * 2 * math.log(n)), rel=1e-6)
+    gen = torch.Generator().manual_seed(3)
+    u = e = torch.zeros(20000, dtype=torch.float64)
+    for _ in range(30):
+        u = rho * u + torch.randn(20000, generator=gen, dtype=torch.float64) * tau
+        e = eta * u + e
+    assert float(e.var()) == pytest.approx(step.state_dict()["noise_var_e"], rel=0.05)
+    assert lams[29] > 10 * lams[0]
+
+
+def test_noise_ef_state_survives_a_checkpoint(contexts):
+    n, tau = 20000, 0.01
+    sctx, rctx = contexts(n, seed=2)
+    steps = [CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise-ef") for _ in range(2)]
+    for s in steps:
+        s.setup(sctx)
+    for t in (1, 2):
+        steps[0].server(torch.zeros(1000), _noised(rctx(t, 5), tau))
+    steps[1].load_state_dict(steps[0].state_dict())
+    lam = []
+    for s in steps:
+        ctx = _noised(rctx(3, 5), tau)
+        s.server(torch.zeros(1000), ctx)
+        lam.append(ctx.metrics["cs_lambda"])
+    assert lam[0] == lam[1]
+    with pytest.raises(ConfigError, match="noise-ef"):
+        CompressiveSensingStep(ratio=0.05, lam="noise_ef")
