@@ -41,14 +41,13 @@ class CompressiveSensingStep(Step):
     `lam_scale` multiplies that threshold (1: universal; below 1 lets some noise through and
     shrinks the signal less).
 
-    λ = "noise-ef": the universal threshold of all the DP noise error feedback has carried into
-    e_t, not only the fresh noise in η_G u_t. Noise the decoder leaves out stays in e_t, so its
-    variance grows like a random walk's; this λ assumes none of it was reconstructed (an upper
-    bound), tracking Var(u), Var(e) and Cov(u, e) of the noise through u_t = ρu + y_t and
-    e_t = η_G u_t + e.
+    λ = "mad": the universal threshold of the noise in e_t itself, its level estimated from e_t
+    by the median absolute deviation (Donoho–Johnstone, σ̂ = median|e_t| / 0.6745). Error
+    feedback keeps the noise the decoder left out, so e_t holds more than one round's fresh
+    noise; the estimate follows it. e_t is computed from the noised mean only (post-processing).
     """
 
-    LAMBDAS = ("noise", "noise-ef")
+    LAMBDAS = ("noise", "mad")
 
     name = "cs"
 
@@ -56,13 +55,13 @@ class CompressiveSensingStep(Step):
                  momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2, lam_scale: float = 1.0):
         if isinstance(lam, str):
             if lam not in self.LAMBDAS:
-                raise ConfigError(f"FL-CS λ must be a number > 0, 'noise' or 'noise-ef', got {lam!r}")
+                raise ConfigError(f"FL-CS λ must be a number > 0, 'noise' or 'mad', got {lam!r}")
         elif isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
-            raise ConfigError(f"FL-CS λ must be a number > 0, 'noise' or 'noise-ef', got {lam!r}")
+            raise ConfigError(f"FL-CS λ must be a number > 0, 'noise' or 'mad', got {lam!r}")
         if isinstance(lam_scale, bool) or not isinstance(lam_scale, (int, float)) or not lam_scale > 0:
             raise ConfigError(f"FL-CS lam_scale must be a number > 0, got {lam_scale!r}")
         if lam_scale != 1 and lam not in self.LAMBDAS:
-            raise ConfigError("FL-CS lam_scale scales λ = 'noise' or 'noise-ef' only; give a numeric λ directly instead")
+            raise ConfigError("FL-CS lam_scale scales λ = 'noise' or 'mad' only; give a numeric λ directly instead")
         if not server_lr > 0:
             raise ConfigError(f"FL-CS global learning rate η_G must be > 0, got {server_lr}")
         if not 0 <= momentum < 1:
@@ -70,8 +69,6 @@ class CompressiveSensingStep(Step):
         self.ratio, self.chunks, self.lam = ratio, int(chunks), lam if isinstance(lam, str) else float(lam)
         self.lam_scale = float(lam_scale)
         self.noise_var = 0.0  # per-coefficient variance of the DP noise in the momentum u
-        self.noise_var_e = 0.0  # ... in the error feedback e (none reconstructed)
-        self.noise_cov = 0.0  # ... covariance of the noise in u and in e
         self.server_lr, self.momentum = float(server_lr), float(momentum)
         self.max_iter, self.tol = int(max_iter), float(tol)
         self.op: ChunkedDCT | None = None
@@ -90,26 +87,23 @@ class CompressiveSensingStep(Step):
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         return self.op.compress(u.to(torch.float32))
 
-    def _lambda(self, ctx: RoundContext) -> float:
-        if not isinstance(self.lam, str):
+    def _lambda(self, ctx: RoundContext, e: torch.Tensor) -> float:
+        if self.lam not in self.LAMBDAS:
             return self.lam
         if ctx.dp_noise_std is None:
             raise ConfigError(f"FL-CS λ = {self.lam!r} needs a DP scheme (fl-cs-dp) that knows its noise level")
-        rho, eta = self.momentum, self.server_lr
-        self.noise_var = rho**2 * self.noise_var + float(ctx.dp_noise_std) ** 2
-        cov = rho * self.noise_cov  # Cov(u_t, e_{t-1}): the fresh noise is independent of e
-        self.noise_var_e += eta**2 * self.noise_var + 2 * eta * cov
-        self.noise_cov = eta * self.noise_var + cov
+        self.noise_var = self.momentum**2 * self.noise_var + float(ctx.dp_noise_std) ** 2
         n, m = self.op.n, self.op.m
-        if self.lam == "noise":
-            return max(self.lam_scale * eta * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
-        return max(self.lam_scale * math.sqrt(self.noise_var_e * m / n * 2 * math.log(n)), 1e-12)
+        if self.lam == "mad":
+            std = float(e.abs().median()) / 0.6745
+            return max(self.lam_scale * std * math.sqrt(m / n * 2 * math.log(n)), 1e-12)
+        return max(self.lam_scale * self.server_lr * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         y = agg.to(torch.float32)
-        lam = self._lambda(ctx)
         self.u = self.momentum * self.u.to(y.device) + y
         e = self.server_lr * self.u + self.e.to(y.device)
+        lam = self._lambda(ctx, e)
         s, info = bpdn(self.op, e, lam, max_iter=self.max_iter, tol=self.tol)
         self.e = e - self.op.compress(s.unsqueeze(0))[0]
         ctx.metrics.update({"cs_iterations": info.iterations, "cs_converged": float(info.converged),
@@ -118,14 +112,11 @@ class CompressiveSensingStep(Step):
         return s
 
     def state_dict(self) -> dict[str, Any]:
-        return {"momentum": self.u.cpu().clone(), "error": self.e.cpu().clone(), "noise_var": self.noise_var,
-                "noise_var_e": self.noise_var_e, "noise_cov": self.noise_cov}
+        return {"momentum": self.u.cpu().clone(), "error": self.e.cpu().clone(), "noise_var": self.noise_var}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u, self.e = state["momentum"].clone(), state["error"].clone()
         self.noise_var = float(state.get("noise_var", 0.0))
-        self.noise_var_e = float(state.get("noise_var_e", 0.0))
-        self.noise_cov = float(state.get("noise_cov", 0.0))
 
     def describe(self) -> str:
         lam = self.lam if self.lam_scale == 1 else f"{self.lam_scale:g}·{self.lam}"
