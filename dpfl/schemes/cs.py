@@ -40,28 +40,21 @@ class CompressiveSensingStep(Step):
     model; at the universal threshold, pure noise reconstructs to s = 0 with high probability.
     `lam_scale` multiplies that threshold (1: universal; below 1 lets some noise through and
     shrinks the signal less).
-
-    λ = "mad": the universal threshold of the noise in e_t itself, its level estimated from e_t
-    by the median absolute deviation (Donoho–Johnstone, σ̂ = median|e_t| / 0.6745). Error
-    feedback keeps the noise the decoder left out, so e_t holds more than one round's fresh
-    noise; the estimate follows it. e_t is computed from the noised mean only (post-processing).
     """
-
-    LAMBDAS = ("noise", "mad")
 
     name = "cs"
 
     def __init__(self, ratio: float, chunks: int = 200, lam: float | str = 1e-5, server_lr: float = 0.35,
                  momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2, lam_scale: float = 1.0):
         if isinstance(lam, str):
-            if lam not in self.LAMBDAS:
-                raise ConfigError(f"FL-CS λ must be a number > 0, 'noise' or 'mad', got {lam!r}")
+            if lam != "noise":
+                raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
         elif isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
-            raise ConfigError(f"FL-CS λ must be a number > 0, 'noise' or 'mad', got {lam!r}")
+            raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
         if isinstance(lam_scale, bool) or not isinstance(lam_scale, (int, float)) or not lam_scale > 0:
             raise ConfigError(f"FL-CS lam_scale must be a number > 0, got {lam_scale!r}")
-        if lam_scale != 1 and lam not in self.LAMBDAS:
-            raise ConfigError("FL-CS lam_scale scales λ = 'noise' or 'mad' only; give a numeric λ directly instead")
+        if lam_scale != 1 and lam != "noise":
+            raise ConfigError("FL-CS lam_scale scales λ = 'noise' only; give a numeric λ directly instead")
         if not server_lr > 0:
             raise ConfigError(f"FL-CS global learning rate η_G must be > 0, got {server_lr}")
         if not 0 <= momentum < 1:
@@ -87,23 +80,20 @@ class CompressiveSensingStep(Step):
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         return self.op.compress(u.to(torch.float32))
 
-    def _lambda(self, ctx: RoundContext, e: torch.Tensor) -> float:
-        if self.lam not in self.LAMBDAS:
+    def _lambda(self, ctx: RoundContext) -> float:
+        if self.lam != "noise":
             return self.lam
         if ctx.dp_noise_std is None:
-            raise ConfigError(f"FL-CS λ = {self.lam!r} needs a DP scheme (fl-cs-dp) that knows its noise level")
+            raise ConfigError("FL-CS λ = 'noise' needs a DP scheme (fl-cs-dp) that knows its noise level")
         self.noise_var = self.momentum**2 * self.noise_var + float(ctx.dp_noise_std) ** 2
         n, m = self.op.n, self.op.m
-        if self.lam == "mad":
-            std = float(e.abs().median()) / 0.6745
-            return max(self.lam_scale * std * math.sqrt(m / n * 2 * math.log(n)), 1e-12)
         return max(self.lam_scale * self.server_lr * math.sqrt(self.noise_var * m / n * 2 * math.log(n)), 1e-12)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         y = agg.to(torch.float32)
+        lam = self._lambda(ctx)
         self.u = self.momentum * self.u.to(y.device) + y
         e = self.server_lr * self.u + self.e.to(y.device)
-        lam = self._lambda(ctx, e)
         s, info = bpdn(self.op, e, lam, max_iter=self.max_iter, tol=self.tol)
         self.e = e - self.op.compress(s.unsqueeze(0))[0]
         ctx.metrics.update({"cs_iterations": info.iterations, "cs_converged": float(info.converged),
