@@ -53,8 +53,8 @@ def fl_sign_dp(dp: DPOptions, gamma: float = 0.005) -> Scheme:
 @register_dp("fl-cs-dp")
 def fl_cs_dp(dp: DPOptions, ratio: float = 0.05, chunks: int = 200, lam: float | str = 1e-5,
              server_lr: float = 0.35, momentum: float = 0.9, max_iter: int = 1000, tol: float = 3e-3,
-             lam_scale: float = 1.0) -> Scheme:
-    cs = CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol, lam_scale)
+             lam_scale: float = 1.0, error_feedback: bool = True) -> Scheme:
+    cs = CompressiveSensingStep(ratio, chunks, lam, server_lr, momentum, max_iter, tol, lam_scale, error_feedback)
     return make_private(Scheme("fl-cs", [cs], PlainTransport(), MeanAggregator()), dp)
 
 

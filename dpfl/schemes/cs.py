@@ -40,12 +40,19 @@ class CompressiveSensingStep(Step):
     model; at the universal threshold, pure noise reconstructs to s = 0 with high probability.
     `lam_scale` multiplies that threshold (1: universal; below 1 lets some noise through and
     shrinks the signal less).
+
+    `error_feedback = False` (a probe of the thesis's Alg. 4, which keeps it) drops what the
+    decoder left out, e_t ← 0, instead of carrying it into the next round: with DP, error
+    feedback eventually applies all the noise it holds, in sparse bursts at λ.
     """
 
     name = "cs"
 
     def __init__(self, ratio: float, chunks: int = 200, lam: float | str = 1e-5, server_lr: float = 0.35,
-                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2, lam_scale: float = 1.0):
+                 momentum: float = 0.9, max_iter: int = 1000, tol: float = 1e-2, lam_scale: float = 1.0,
+                 error_feedback: bool = True):
+        if not isinstance(error_feedback, bool):
+            raise ConfigError(f"FL-CS error_feedback must be true or false, got {error_feedback!r}")
         if isinstance(lam, str):
             if lam != "noise":
                 raise ConfigError(f"FL-CS λ must be a number > 0 or 'noise', got {lam!r}")
@@ -60,7 +67,7 @@ class CompressiveSensingStep(Step):
         if not 0 <= momentum < 1:
             raise ConfigError(f"FL-CS momentum ρ must be in [0, 1), got {momentum}")
         self.ratio, self.chunks, self.lam = ratio, int(chunks), lam if isinstance(lam, str) else float(lam)
-        self.lam_scale = float(lam_scale)
+        self.lam_scale, self.error_feedback = float(lam_scale), error_feedback
         self.noise_var = 0.0  # per-coefficient variance of the DP noise in the momentum u
         self.server_lr, self.momentum = float(server_lr), float(momentum)
         self.max_iter, self.tol = int(max_iter), float(tol)
@@ -96,9 +103,12 @@ class CompressiveSensingStep(Step):
         e = self.server_lr * self.u + self.e.to(y.device)
         s, info = bpdn(self.op, e, lam, max_iter=self.max_iter, tol=self.tol)
         self.e = e - self.op.compress(s.unsqueeze(0))[0]
+        error_norm = float(self.e.norm())
+        if not self.error_feedback:
+            self.e = torch.zeros_like(self.e)
         ctx.metrics.update({"cs_iterations": info.iterations, "cs_converged": float(info.converged),
                             "cs_nonzeros": int((s != 0).sum()),
-                            "cs_error_norm": float(self.e.norm()), "cs_lambda": lam})
+                            "cs_error_norm": error_norm, "cs_lambda": lam})
         return s
 
     def state_dict(self) -> dict[str, Any]:
@@ -110,8 +120,9 @@ class CompressiveSensingStep(Step):
 
     def describe(self) -> str:
         lam = self.lam if self.lam_scale == 1 else f"{self.lam_scale:g}·{self.lam}"
+        ef = "" if self.error_feedback else ", no error feedback"
         return (f"cs(r={self.ratio}, P={self.chunks}, λ={lam}, η_G={self.server_lr}, ρ={self.momentum}, "
-                f"BPDN tol={self.tol})")
+                f"BPDN tol={self.tol}{ef})")
 
 
 class LowPassDCTStep(Step):

@@ -193,3 +193,29 @@ def test_lam_scale_multiplies_the_noise_threshold(contexts):
         CompressiveSensingStep(ratio=0.05, lam=1e-5, lam_scale=0.5)
     with pytest.raises(ConfigError, match="lam_scale"):
         CompressiveSensingStep(ratio=0.05, lam="noise", lam_scale=0)
+
+
+def test_without_error_feedback_what_the_decoder_left_out_is_dropped(contexts):
+    """error_feedback = False: e_t is zeroed after each round (the metric still reports what was
+    left out), so a round's input is η_G u_t alone; with it on, e_t carries into the next round."""
+    n, tau = 20000, 0.01
+    sctx, rctx = contexts(n, seed=2)
+    gen = torch.Generator().manual_seed(4)
+    ys = [torch.randn(1000, generator=gen) * tau for _ in range(3)]
+    norms, states = {}, {}
+    for ef in (True, False):
+        step = CompressiveSensingStep(ratio=0.05, chunks=4, lam="noise", error_feedback=ef)
+        step.setup(sctx)
+        norms[ef] = []
+        for t, y in enumerate(ys, 1):
+            ctx = _noised(rctx(t, 5), tau)
+            step.server(y, ctx)
+            norms[ef].append(ctx.metrics["cs_error_norm"])
+        states[ef] = step.state_dict()
+    assert norms[True][0] == norms[False][0] > 0  # round 1: nothing carried yet
+    assert norms[True][2] > norms[False][2]
+    assert float(states[False]["error"].abs().max()) == 0.0 and float(states[True]["error"].norm()) > 0
+    assert torch.equal(states[True]["momentum"], states[False]["momentum"])
+    assert "no error feedback" in step.describe()
+    with pytest.raises(ConfigError, match="error_feedback"):
+        CompressiveSensingStep(ratio=0.05, lam="noise", error_feedback="no")
