@@ -66,8 +66,25 @@ def random_sign(x: np.ndarray, rng: np.random.Generator | None = None) -> np.nda
     if nz:
         if rng is None:
             raise ConfigError("a numpy Generator is needed to draw random signs for exact zeros")
-        out[zeros] = (rng.integers(0, 2, size=nz, dtype=np.int8) << 1) - np.int8(1)
+        out[zeros] = random_signs(rng, nz)
     return out
+
+
+def random_signs(rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` uniform signs, int8 ±1: exactly `2·rng.integers(0, 2, count, dtype=int8) − 1`, the
+    generator left in the same state. For PCG64 (NumPy's default) without a buffered half word the
+    draw reads the raw 64-bit words directly: NumPy makes each value from one byte of its 32-bit
+    draws (the low half of a 64-bit word first) as byte >> 7, with no rejection for a range of 2."""
+    bg = rng.bit_generator
+    if count <= 0 or type(bg) is not np.random.PCG64 or bg.state["has_uint32"]:
+        return (rng.integers(0, 2, size=count, dtype=np.int8) << 1) - np.int8(1)
+    n32 = (count + 3) // 4  # 32-bit draws integers() would take (the tail of the last one is discarded)
+    raw = bg.random_raw((n32 + 1) // 2)
+    st = bg.state  # as integers() leaves it: the last word's high half kept, pending if n32 is odd
+    st["has_uint32"], st["uinteger"] = n32 % 2, int(raw[-1] >> np.uint64(32))
+    bg.state = st
+    b = raw.astype("<u8", copy=False).view(np.uint8)[:count] >> np.uint8(7)  # bytes in stream order
+    return (b.view(np.int8) << 1) - np.int8(1)
 
 
 def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
@@ -82,11 +99,11 @@ def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
         raise DataError("sign input contains NaN; the sign of NaN is undefined")
     out = torch.gt(x, 0).view(torch.int8)  # 1 where positive, else 0: one int8 array, then in place
     out.add_(out).sub_(1)
-    zero = x == 0
-    for i in torch.nonzero(zero.any(1)).flatten().tolist():  # only the zeros of the row change
-        at = torch.nonzero(zero[i]).flatten()  # row-major order, as random_sign draws them
-        draws = (rng_for_row(i).integers(0, 2, size=at.numel(), dtype=np.int8) << 1) - np.int8(1)
-        out[i, at] = torch.from_numpy(draws).to(out.device)
+    for i in range(x.shape[0]):  # row by row (the row's mask stays in cache); only zeros change
+        zero = x[i] == 0
+        nz = int(torch.count_nonzero(zero))
+        if nz:  # the draws fill the zeros in row-major order, as random_sign does
+            out[i].masked_scatter_(zero, torch.from_numpy(random_signs(rng_for_row(i), nz)).to(out.device))
     return out
 
 

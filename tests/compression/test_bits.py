@@ -151,3 +151,22 @@ def test_random_sign_rows_and_sign_codec_fast_paths_equal_the_numpy_reference():
         random_sign_rows(infs, lambda i: np.random.default_rng(i))
     with pytest.raises(DataError, match="NaN"):
         codec.encode(bad, np.random.default_rng(0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), before=st.integers(0, 9), counts=st.lists(st.integers(0, 70), max_size=4))
+def test_random_signs_equal_numpy_integers_draw_for_draw(seed, before, counts):
+    """The raw-word fast path gives exactly `2·integers(0, 2, int8) − 1` and leaves the generator
+    in the same state (a pending half word included), so later draws agree too."""
+    from dpfl.compression.bits import random_signs
+
+    for make in (np.random.default_rng, lambda s: np.random.Generator(np.random.Philox(s))):
+        ref, fast = make(seed), make(seed)
+        ref.integers(0, 2, size=before, dtype=np.int8)  # odd sizes leave a buffered half word
+        fast.integers(0, 2, size=before, dtype=np.int8)
+        for c in counts + [1, 4097]:
+            want = (ref.integers(0, 2, size=c, dtype=np.int8) << 1) - np.int8(1)
+            got = random_signs(fast, c)
+            assert got.dtype == np.int8 and np.array_equal(got, want)
+            assert repr(fast.bit_generator.state) == repr(ref.bit_generator.state)
+        assert fast.integers(0, 2**32) == ref.integers(0, 2**32)
