@@ -89,8 +89,8 @@ def random_signs(rng: np.random.Generator, count: int) -> np.ndarray:
 
 def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
     """`random_sign` of each row of a [k, n] tensor, row i's zeros drawn from `rng_for_row(i)`:
-    the same int8 result as calling `random_sign` row by row, computed in torch (multi-threaded);
-    the generator of a row without zeros is never created."""
+    the same int8 result as calling `random_sign` row by row (the signs in torch, then each row's
+    zeros filled from its generator); the generator of a row without zeros is never created."""
     if x.dim() != 2:
         raise DataError(f"sign input must have shape [k, n], got shape {tuple(x.shape)}")
     if x.dtype == torch.bool or x.is_complex():
