@@ -87,22 +87,43 @@ def random_signs(rng: np.random.Generator, count: int) -> np.ndarray:
     return (b.view(np.int8) << 1) - np.int8(1)
 
 
+def _nan_sum(x: np.ndarray) -> bool:
+    """Whether the sum of `x` is NaN: always when it holds a NaN (also when it holds +inf and −inf)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.isnan(np.add.reduce(x, axis=None)))
+
+
 def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
     """`random_sign` of each row of a [k, n] tensor, row i's zeros drawn from `rng_for_row(i)`:
-    the same int8 result as calling `random_sign` row by row (the signs in torch, then each row's
-    zeros filled from its generator); the generator of a row without zeros is never created."""
+    the same int8 result as calling `random_sign` row by row; the generator of a row without zeros
+    is never created."""
     if x.dim() != 2:
         raise DataError(f"sign input must have shape [k, n], got shape {tuple(x.shape)}")
     if x.dtype == torch.bool or x.is_complex():
         raise DataError(f"sign input must be numeric, got dtype {x.dtype}")
+    if x.device.type == "cpu":  # NumPy row by row: the row stays in cache (bfloat16 as float32: same signs)
+        xn = (x.float() if x.dtype == torch.bfloat16 else x).detach().numpy()
+        out = np.empty(xn.shape, np.int8)
+        for i in range(xn.shape[0]):
+            r, o = xn[i], out[i]
+            if r.dtype.kind == "f" and _nan_sum(r) and np.isnan(r).any():
+                raise DataError("sign input contains NaN; the sign of NaN is undefined")
+            np.greater(r, 0, out=o.view(np.bool_))  # 1 where positive, else 0; then ±1 in place
+            o += o
+            o -= 1
+            zero = r == 0
+            nz = int(np.count_nonzero(zero))
+            if nz:  # the draws fill the zeros in row-major order, as random_sign does
+                o[zero] = random_signs(rng_for_row(i), nz)
+        return torch.from_numpy(out)
     if x.is_floating_point() and torch.isnan(x.sum()) and torch.isnan(x).any():  # a NaN makes the sum NaN
         raise DataError("sign input contains NaN; the sign of NaN is undefined")
     out = torch.gt(x, 0).view(torch.int8)  # 1 where positive, else 0: one int8 array, then in place
     out.add_(out).sub_(1)
-    for i in range(x.shape[0]):  # row by row (the row's mask stays in cache); only zeros change
+    for i in range(x.shape[0]):  # on the device; only zeros change, in row-major order
         zero = x[i] == 0
         nz = int(torch.count_nonzero(zero))
-        if nz:  # the draws fill the zeros in row-major order, as random_sign does
+        if nz:
             out[i].masked_scatter_(zero, torch.from_numpy(random_signs(rng_for_row(i), nz)).to(out.device))
     return out
 
@@ -122,7 +143,17 @@ def unpack_signs(packed: np.ndarray, n: int) -> np.ndarray:
         )
     _check_tail(packed, n, 1)
     b = np.unpackbits(packed, axis=-1, count=n, bitorder="little").view(np.int8)
-    return (b << 1) - np.int8(1)
+    b += b  # 2·bit − 1, in place
+    b -= 1
+    return b
+
+
+def _pack_positive(x: np.ndarray, rows: int = 4) -> np.ndarray:
+    """packbits(x > 0) of a [k, n] array a few rows at a time (no [k, n] temporary)."""
+    out = np.empty((x.shape[0], packed_nbytes(x.shape[1], 1)), np.uint8)
+    for r0 in range(0, x.shape[0], rows):
+        out[r0 : r0 + rows] = np.packbits(x[r0 : r0 + rows] > 0, axis=-1, bitorder="little")
+    return out
 
 
 # ---------------------------------------------------------------- b-bit unsigned integers
@@ -221,11 +252,12 @@ class SignCodec(Codec):
 
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
         t = rows.detach().to("cpu")
-        if t.dim() == 2 and t.dtype != torch.bool and not t.is_complex() and not (t == 0).any() \
-                and not (t.is_floating_point() and torch.isnan(t).any()):
-            # no zero and no NaN: random_sign(x) > 0 is x > 0 (no random draw); torch is multi-threaded
-            return Payload({"signs": np.packbits((t > 0).numpy(), axis=-1, bitorder="little")},
-                           {"n": int(t.shape[1])})
+        t = t.float() if t.dtype == torch.bfloat16 else t  # NumPy has no bfloat16; float32 has its signs
+        if t.dim() == 2 and t.dtype != torch.bool and not t.is_complex():
+            x = t.numpy()
+            if np.count_nonzero(x) == x.size and not (x.dtype.kind == "f" and _nan_sum(x)):
+                # no zero and no NaN: random_sign(x) > 0 is x > 0, no draw
+                return Payload({"signs": _pack_positive(x)}, {"n": int(x.shape[1])})
         x = t.numpy()
         return Payload({"signs": pack_signs(x, rng)}, {"n": int(x.shape[1])})
 

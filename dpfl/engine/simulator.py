@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from dpfl.config import RESUME_RESOURCES, RunConfig, dump_config, load_config
 from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
+from dpfl.engine.memory import keep_freed_memory
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, RunStopped
 from dpfl.rng import Seeds
@@ -195,6 +196,7 @@ class Simulation:
         self.code = [{**code_version(), "ran_on": ran_on(self.device), "from_round": 1}]  # a resume adds a part
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        keep_freed_memory()
         self.fed = build_federation(cfg, self.seeds)
         if cfg.eval.metric not in (None, "accuracy") and self.fed.task != "binary":
             raise ConfigError(f"eval.metric = {cfg.eval.metric!r} exists for binary tasks only; "

@@ -132,12 +132,17 @@ def _clip(u: torch.Tensor, bound: float) -> tuple[torch.Tensor, np.ndarray, np.n
 
 
 def finite_rows(x: torch.Tensor) -> torch.Tensor:
-    """bool [k]: rows without NaN or ±inf. One pass, no [k, n] temporary: min and max propagate
-    NaN and are infinite exactly when the row holds an infinity."""
-    if x.shape[0] == 0 or x.shape[1] == 0:
+    """bool [k]: rows without NaN or ±inf. One pass, no [k, n] temporary: a row's sum is finite unless
+    the row holds NaN or ±inf or the sum overflowed, so only rows whose sum is not finite are checked
+    value by value."""
+    if x.is_complex():
+        return torch.isfinite(x).all(1)
+    if x.shape[0] == 0 or x.shape[1] == 0 or not x.is_floating_point():
         return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-    lo, hi = torch.aminmax(x, dim=1)
-    return torch.isfinite(lo) & torch.isfinite(hi)
+    ok = torch.isfinite(x.sum(1))
+    for i in torch.nonzero(~ok).flatten().tolist():
+        ok[i] = bool(torch.isfinite(x[i]).all())
+    return ok
 
 
 def _row_norms(x: torch.Tensor) -> torch.Tensor:

@@ -170,3 +170,38 @@ def test_random_signs_equal_numpy_integers_draw_for_draw(seed, before, counts):
             assert got.dtype == np.int8 and np.array_equal(got, want)
             assert repr(fast.bit_generator.state) == repr(ref.bit_generator.state)
         assert fast.integers(0, 2**32) == ref.integers(0, 2**32)
+
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-45, -3.4e38, 3.4e38, float("inf"), float("-inf")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from(_SPECIAL), min_size=1, max_size=40), min_size=1, max_size=5),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32]),
+       transpose=st.booleans(), nan=st.booleans())
+def test_random_sign_rows_and_sign_codec_equal_the_reference_on_any_dtype_and_layout(rows, dtype, transpose, nan):
+    """Row by row through NumPy (zeros by boolean assignment, NaN by a sum pre-check), whatever the dtype
+    (bfloat16 as float32) and strides: the signs `random_sign` gives each row, the bytes of `pack_signs`,
+    and NaN refused; extreme values whose sums overflow are not taken for NaN."""
+    from dpfl.compression.bits import random_sign_rows
+
+    width = min(len(r) for r in rows)
+    x = torch.tensor([r[:width] for r in rows], dtype=torch.float64)
+    if dtype == torch.int32:
+        x = torch.where(torch.isfinite(x), x.clamp(-1e9, 1e9), torch.zeros_like(x))
+    x = x.to(dtype)
+    if transpose:  # a non-contiguous view of the same values
+        x = x.t().contiguous().t()
+        assert not x.is_contiguous() or x.shape[0] == 1 or x.shape[1] == 1
+    if nan and dtype != torch.int32:
+        x[-1, -1] = float("nan")
+        with pytest.raises(DataError, match="NaN"):
+            random_sign_rows(x, lambda i: np.random.default_rng(i))
+        with pytest.raises(DataError, match="NaN"):
+            SignCodec().encode(x, np.random.default_rng(0))
+        return
+    ref_in = x.float().numpy() if dtype == torch.bfloat16 else x.numpy()
+    ref = np.concatenate([random_sign(ref_in[i : i + 1], np.random.default_rng(i)) for i in range(len(x))])
+    assert np.array_equal(random_sign_rows(x, lambda i: np.random.default_rng(i)).numpy(), ref)
+    fast = SignCodec().encode(x, np.random.default_rng(5)).arrays["signs"]
+    assert np.array_equal(fast, pack_signs(ref_in, np.random.default_rng(5)))

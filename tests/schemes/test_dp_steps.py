@@ -16,6 +16,7 @@ from dpfl.schemes.dp import (
     DPMeanAggregator,
     GaussianNoiseStep,
     clip_rows,
+    finite_rows,
 )
 from dpfl.secagg import RoundAborted
 
@@ -191,3 +192,15 @@ def test_bad_parameters_are_refused(contexts):
     step = GaussianNoiseStep(1.0, ClipStep(1.0), 0.1, tolerate=3)
     with pytest.raises(RoundAborted, match="cannot tolerate"):
         step.client(torch.zeros(3, 10), rctx(1, 3))
+
+
+def test_finite_rows_equal_isfinite_all_whatever_the_row_sums_do():
+    """Rows whose sums overflow to ±inf or to NaN (+inf and −inf) are checked value by value."""
+    big = torch.finfo(torch.float32).max
+    u = torch.tensor([[big, big, 1.0], [big, -big, 0.0], [float("inf"), float("-inf"), 0.0],
+                      [1.0, float("nan"), 2.0], [0.0, 0.0, float("-inf")], [-big, -big, -big], [1.0, 2.0, 3.0]])
+    for x in (u, u.double(), u.half(), u.t().contiguous().t()):
+        assert torch.equal(finite_rows(x), torch.isfinite(x).all(1))
+    c = torch.tensor([[1 + 1j, 2j], [complex("nan"), 0j]])
+    assert finite_rows(c).tolist() == [True, False]
+    assert finite_rows(torch.ones(3, 4, dtype=torch.int64)).tolist() == [True] * 3

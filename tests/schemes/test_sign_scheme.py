@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from dpfl.compression.bits import SignCodec
@@ -38,3 +39,21 @@ def test_server_ties_get_random_signs_and_signsgd_downstream_is_one_bit(contexts
     assert abs(float(delta.sign().mean())) < 5 / np.sqrt(n)
     assert torch.equal(delta, step.server(torch.zeros(n), rctx(3, 2)))  # reproducible per round
     assert step.downstream_bytes(ctx) == 500  # the vote: n bits
+
+
+@pytest.mark.parametrize("dtype,low,high", [(torch.int8, -128, 127), (torch.int16, -(2**15), 2**15 - 1),
+                                            (torch.int32, -(2**31), 2**31 - 1)])
+def test_sum_rows_is_exact_at_the_extremes_across_column_blocks(dtype, low, high):
+    """The int32 block accumulator of int8/int16 rows (and int64 sums of int32 rows) is exact with every
+    value at its extreme, over more columns than one block and a last partial block."""
+    from dpfl.schemes.transport import _COLUMNS, sum_rows
+
+    n, k = 2 * _COLUMNS + 3, 300
+    rows = torch.full((k, n), low, dtype=dtype)
+    rows[::2] = high
+    rows[:, -1] = low
+    want = rows.to(torch.int64).sum(0)
+    got = sum_rows(rows)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert torch.equal(sum_rows(rows[:, ::2]), want[::2])  # strided columns
+    assert torch.equal(sum_rows(rows[:0]), torch.zeros(n, dtype=torch.int64))
