@@ -325,22 +325,24 @@ SCORED = ("table-4.1", "table-4.2", "table-4.4", "table-5.1", "table-5.3", "tabl
 def scoreboard_block(records: Path) -> str:
     """Per thesis table: its rows, those with a full-length record, how many of those are within ±0.03 of
     the thesis, above it, or more than 0.03 below; and, for DP tables, the mean accuracy gain of the
-    `-pld` records over the same rows as configured (moments σ)."""
+    rows' tighter-accountant records over the same rows as configured (moments σ): `-pld`, or `-rdp`
+    where a row has no `-pld` record (FL-SIGN-DP refuses PLD)."""
     from dpfl.experiments.reproduce import table_rows
 
     head = ["table", "rows", "full-length record", "within ±0.03", "above thesis", "more than 0.03 below",
-            "no Δ (no thesis number or other dataset)", "PLD-σ record (within ±0.03, above)",
-            "PLD σ − moments σ (rows, mean)"]
+            "no Δ (no thesis number or other dataset)", "PLD/RDP-σ record (within ±0.03, above)",
+            "PLD/RDP σ − moments σ (rows, mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tables = record_tables(records)
-    pairs = {}  # (moments record, pld record) -> gain: a same_run row shares both with the table it names
+    pairs = {}  # (moments record, twin record) -> gain: a same_run row shares both with the table it names
     for table in SCORED:
         rows = table_rows(table)[1]
         variants = tables.get(table, [])
         _, entries, _ = table_entries(records, table, variants) if variants else ({}, [], [])
         base = {e["row"]: e for e in entries if e["acct"] is None and e["complete"]}
         deltas = [e["delta"] for e in base.values() if e["delta"] is not None]
-        pld = {e["row"]: e for e in entries if e["acct"] == "pld" and e["complete"]}
+        pld = {e["row"]: e for e in entries if e["acct"] == "rdp" and e["complete"]}
+        pld.update({e["row"]: e for e in entries if e["acct"] == "pld" and e["complete"]})  # PLD first
         both = [r for r in pld if r in base and None not in (pld[r]["measured"], base[r]["measured"])]
         gains = [pld[r]["measured"] - base[r]["measured"] for r in both]
         pairs.update({(base[r]["dir"], pld[r]["dir"]): g for r, g in zip(both, gains)})
@@ -352,7 +354,7 @@ def scoreboard_block(records: Path) -> str:
                      f"{len(base) - len(deltas)} | {pld_text} | {gain} |")
     if pairs:
         mean = sum(pairs.values()) / len(pairs)
-        lines += ["", (f"PLD σ − moments σ over all {len(pairs)} distinct pairs of runs (a run two tables share "
+        lines += ["", (f"PLD/RDP σ − moments σ over all {len(pairs)} distinct pairs of runs (a run two tables share "
                        f"counted once): mean {mean:+.4f}.")]
     return "\n".join(lines)
 

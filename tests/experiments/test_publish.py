@@ -266,17 +266,22 @@ def test_a_record_dp_run_must_be_a_committed_config_unchanged(tmp_path):
 
 
 def test_the_scoreboard_pld_mean_counts_each_pair_of_runs_once():
-    """Recomputed from the record folders on disk (each pld run and its moments twin once), not through the
-    tables, where a same_run row shows the same pair twice."""
+    """Recomputed from the record folders on disk (each row's pld run, else its rdp run, and its moments twin
+    once), not through the tables, where a same_run row shows the same pair twice."""
     gains = []
-    for pld in sorted((ROOT / "records").glob("*-pld/*/summary.json")):
-        moments = ROOT / "records" / pld.parent.parent.name.removesuffix("-pld") / pld.parent.name / "summary.json"
+    twins = {}
+    for acct in ("rdp", "pld"):  # pld last: it wins where a row has both
+        twins.update({(p.parent.parent.name.removesuffix(f"-{acct}"), p.parent.name): p
+                      for p in (ROOT / "records").glob(f"*-{acct}/*/summary.json")})
+    for (table, row), twin in sorted(twins.items()):
+        moments = ROOT / "records" / table / row / "summary.json"
         if not moments.is_file():
             continue
-        a, b = (json.loads(p.read_text()) for p in (pld, moments))
+        a, b = (json.loads(p.read_text()) for p in (twin, moments))
         full = load_config(moments.parent / "config.toml").federation.rounds
         if all(s["rounds_run"] == full and not s.get("stopped") for s in (a, b)):
             gains.append(a["best"]["accuracy"] - b["best"]["accuracy"])
+    assert any("-rdp" in str(p) for p in twins.values())
     line = pub.scoreboard_block(ROOT / "records").splitlines()[-1]
     assert f"all {len(gains)} distinct pairs" in line and f"mean {sum(gains) / len(gains):+.4f}." in line
 
