@@ -58,16 +58,26 @@ def random_sign(x: np.ndarray, rng: np.random.Generator | None = None) -> np.nda
     x = np.asarray(x)
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise DataError(f"sign input must be numeric, got dtype {x.dtype}")
-    if np.issubdtype(x.dtype, np.floating) and np.isnan(x).any():
-        raise DataError("sign input contains NaN; the sign of NaN is undefined")
-    out = np.where(x > 0, np.int8(1), np.int8(-1))
-    zeros = x == 0
-    nz = int(np.count_nonzero(zeros))
-    if nz:
-        if rng is None:
-            raise ConfigError("a numpy Generator is needed to draw random signs for exact zeros")
-        out[zeros] = random_signs(rng, nz)
+    out = np.empty(x.shape, np.int8)
+    _sign_into(x.ravel(), out.reshape(-1), lambda: rng)
     return out
+
+
+def _sign_into(r: np.ndarray, o: np.ndarray, rng) -> None:
+    """`random_sign` of the 1-D `r` into the int8 `o`, its zeros drawn from `rng()` (called only if
+    there is a zero): one pass each to sign and to find the zeros, no temporary of r's size but the mask."""
+    if r.dtype.kind == "f" and _nan_sum(r) and np.isnan(r).any():
+        raise DataError("sign input contains NaN; the sign of NaN is undefined")
+    np.greater(r, 0, out=o.view(np.bool_))  # 1 where positive, else 0; then ±1 in place
+    o += o
+    o -= 1
+    zero = r == 0
+    nz = int(np.count_nonzero(zero))
+    if nz:  # the draws fill the zeros in row-major order
+        g = rng()
+        if g is None:
+            raise ConfigError("a numpy Generator is needed to draw random signs for exact zeros")
+        o[zero] = random_signs(g, nz)
 
 
 def random_signs(rng: np.random.Generator, count: int) -> np.ndarray:
@@ -105,16 +115,7 @@ def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
         xn = (x.float() if x.dtype == torch.bfloat16 else x).detach().numpy()
         out = np.empty(xn.shape, np.int8)
         for i in range(xn.shape[0]):
-            r, o = xn[i], out[i]
-            if r.dtype.kind == "f" and _nan_sum(r) and np.isnan(r).any():
-                raise DataError("sign input contains NaN; the sign of NaN is undefined")
-            np.greater(r, 0, out=o.view(np.bool_))  # 1 where positive, else 0; then ±1 in place
-            o += o
-            o -= 1
-            zero = r == 0
-            nz = int(np.count_nonzero(zero))
-            if nz:  # the draws fill the zeros in row-major order, as random_sign does
-                o[zero] = random_signs(rng_for_row(i), nz)
+            _sign_into(xn[i], out[i], lambda: rng_for_row(i))  # noqa: B023 (called before the next i)
         return torch.from_numpy(out)
     if x.is_floating_point() and torch.isnan(x.sum()) and torch.isnan(x).any():  # a NaN makes the sum NaN
         raise DataError("sign input contains NaN; the sign of NaN is undefined")
@@ -253,12 +254,11 @@ class SignCodec(Codec):
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
         t = rows.detach().to("cpu")
         t = t.float() if t.dtype == torch.bfloat16 else t  # NumPy has no bfloat16; float32 has its signs
-        if t.dim() == 2 and t.dtype != torch.bool and not t.is_complex():
-            x = t.numpy()
-            if np.count_nonzero(x) == x.size and not (x.dtype.kind == "f" and _nan_sum(x)):
-                # no zero and no NaN: random_sign(x) > 0 is x > 0, no draw
-                return Payload({"signs": _pack_positive(x)}, {"n": int(x.shape[1])})
         x = t.numpy()
+        if x.ndim == 2 and x.dtype.kind in "iuf" and np.count_nonzero(x) == x.size \
+                and not (x.dtype.kind == "f" and _nan_sum(x)):
+            # no zero and no NaN: random_sign(x) > 0 is x > 0, no draw
+            return Payload({"signs": _pack_positive(x)}, {"n": int(x.shape[1])})
         return Payload({"signs": pack_signs(x, rng)}, {"n": int(x.shape[1])})
 
     def decode(self, payload: Payload, d: int) -> torch.Tensor:

@@ -14,6 +14,8 @@ import ctypes.util
 import os
 import sys
 
+from dpfl.errors import ConfigError
+
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc <malloc.h>
 _GLIBC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 _applied: bool | None = None
@@ -25,9 +27,12 @@ def keep_freed_memory() -> bool:
     in effect. Left alone where the C library is not glibc, where the user set glibc's own MALLOC_*
     variables, or with DPFL_KEEP_FREED_MEMORY=0."""
     global _applied
+    setting = os.environ.get("DPFL_KEEP_FREED_MEMORY", "")
+    if setting not in ("", "0", "1"):
+        raise ConfigError(f"DPFL_KEEP_FREED_MEMORY must be 0 or 1, got {setting!r}")
     if _applied is None:
         _applied = False
-        if sys.platform.startswith("linux") and os.environ.get("DPFL_KEEP_FREED_MEMORY", "") != "0" \
+        if sys.platform.startswith("linux") and setting != "0" \
                 and not any(v in os.environ for v in _GLIBC_ENV):
             try:
                 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

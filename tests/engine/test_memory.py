@@ -39,3 +39,12 @@ def test_keep_freed_memory_serves_large_blocks_from_the_heap_and_keeps_them(sett
     env.update(setting)
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == want.split()
+
+
+def test_an_unknown_setting_is_an_error(monkeypatch):
+    from dpfl.engine.memory import keep_freed_memory
+    from dpfl.errors import ConfigError
+
+    monkeypatch.setenv("DPFL_KEEP_FREED_MEMORY", "yes")
+    with pytest.raises(ConfigError, match="must be 0 or 1, got 'yes'"):
+        keep_freed_memory()
