@@ -437,6 +437,7 @@ def _mount_bench(name: str, module: str, help: str) -> None:
 
 
 for _n, _m, _h in [("privacy", "dpfl.bench.privacy", "Time to account 10,000 rounds under each backend."),
+                   ("sign", "dpfl.bench.sign", "FL-SIGN/signSGD sign, encode, decode and sum: 1 thread vs all cores."),
                    ("secagg", "dpfl.bench.secagg", "Secure aggregation vs plain summation, 100 × 1.66 M."),
                    ("cs", "dpfl.bench.cs", "CS reconstruction solver vs OWL-QN (pylbfgs)."),
                    ("dpsgd", "dpfl.bench.dpsgd", "Per-example-gradient throughput vs Opacus."),

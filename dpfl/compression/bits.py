@@ -15,9 +15,15 @@ import torch
 
 from dpfl.compression.base import Codec, Payload
 from dpfl.errors import ConfigError, DataError, ProtocolError
+from dpfl.threads import for_blocks
 
 _BLOCK = 1 << 22  # values per row block (bounds temporary memory)
 _CACHE_GROUPS = 8192  # value groups per inner block
+
+
+def _min_rows(n: int) -> int:
+    """Rows a thread takes at least: a block under ~256k values is not worth a thread."""
+    return max(1, (1 << 18) // max(n, 1))
 
 
 def packed_nbytes(d: int, bits: int) -> int:
@@ -106,7 +112,8 @@ def _nan_sum(x: np.ndarray) -> bool:
 def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
     """`random_sign` of each row of a [k, n] tensor, row i's zeros drawn from `rng_for_row(i)`:
     the same int8 result as calling `random_sign` row by row; the generator of a row without zeros
-    is never created."""
+    is never created. On CPU, blocks of rows run in parallel threads: `rng_for_row(i)` must return
+    row i's own generator (not one shared between rows) and be safe to call from any thread."""
     if x.dim() != 2:
         raise DataError(f"sign input must have shape [k, n], got shape {tuple(x.shape)}")
     if x.dtype == torch.bool or x.is_complex():
@@ -114,8 +121,12 @@ def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
     if x.device.type == "cpu":  # NumPy row by row: the row stays in cache (bfloat16 as float32: same signs)
         xn = (x.float() if x.dtype == torch.bfloat16 else x).detach().numpy()
         out = np.empty(xn.shape, np.int8)
-        for i in range(xn.shape[0]):
-            _sign_into(xn[i], out[i], lambda: rng_for_row(i))  # noqa: B023 (called before the next i)
+
+        def block(r0: int, r1: int) -> None:
+            for i in range(r0, r1):
+                _sign_into(xn[i], out[i], lambda: rng_for_row(i))  # noqa: B023 (called before the next i)
+
+        for_blocks(xn.shape[0], block, min_block=_min_rows(xn.shape[1]))
         return torch.from_numpy(out)
     if x.is_floating_point() and torch.isnan(x.sum()) and torch.isnan(x).any():  # a NaN makes the sum NaN
         raise DataError("sign input contains NaN; the sign of NaN is undefined")
@@ -143,17 +154,29 @@ def unpack_signs(packed: np.ndarray, n: int) -> np.ndarray:
             f"sign payload must be uint8 [k, {packed_nbytes(n, 1)}] for n={n}, got {packed.dtype} {packed.shape}"
         )
     _check_tail(packed, n, 1)
-    b = np.unpackbits(packed, axis=-1, count=n, bitorder="little").view(np.int8)
-    b += b  # 2·bit − 1, in place
-    b -= 1
-    return b
+    out = np.empty((packed.shape[0], n), np.int8)
+
+    def block(r0: int, r1: int) -> None:
+        for i in range(r0, r1):
+            b = out[i]
+            b[:] = np.unpackbits(packed[i], count=n, bitorder="little").view(np.int8)
+            b += b  # 2·bit − 1, in place
+            b -= 1
+
+    for_blocks(packed.shape[0], block, min_block=_min_rows(n))
+    return out
 
 
 def _pack_positive(x: np.ndarray, rows: int = 4) -> np.ndarray:
     """packbits(x > 0) of a [k, n] array a few rows at a time (no [k, n] temporary)."""
     out = np.empty((x.shape[0], packed_nbytes(x.shape[1], 1)), np.uint8)
-    for r0 in range(0, x.shape[0], rows):
-        out[r0 : r0 + rows] = np.packbits(x[r0 : r0 + rows] > 0, axis=-1, bitorder="little")
+
+    def block(b0: int, b1: int) -> None:
+        for r0 in range(b0, b1, rows):
+            r1 = min(r0 + rows, b1)
+            out[r0:r1] = np.packbits(x[r0:r1] > 0, axis=-1, bitorder="little")
+
+    for_blocks(x.shape[0], block, min_block=_min_rows(x.shape[1]))
     return out
 
 

@@ -7,6 +7,7 @@ import torch
 
 from dpfl.compression.base import Codec, Float32Codec
 from dpfl.schemes.base import Received, RoundContext, Transport
+from dpfl.threads import for_blocks
 
 
 class PlainTransport(Transport):
@@ -27,20 +28,25 @@ class PlainTransport(Transport):
 def sum_rows(rows: torch.Tensor) -> torch.Tensor:
     """Σ over clients (dim 0), exact. Small integer rows on CPU are summed by NumPy into int64
     (faster than torch's int8 column reduction); int8/int16 rows through an int32 accumulator a
-    block of columns at a time (exact below 65,536 rows: |Σ| < 2**15 · 2**16)."""
+    block of columns at a time, blocks split across threads (exact below 65,536 rows:
+    |Σ| < 2**15 · 2**16)."""
     if rows.device.type != "cpu" or rows.dtype not in (torch.int8, torch.int16, torch.int32):
         return rows.sum(0)
     r = rows.numpy()
     if rows.dtype == torch.int32 or r.shape[0] >= 1 << 16:
         return torch.from_numpy(r.sum(0, dtype=np.int64))
     out = np.empty(r.shape[1], np.int64)
-    acc = np.empty(min(_COLUMNS, r.shape[1]), np.int32)
-    for c0 in range(0, r.shape[1], _COLUMNS):
-        a = acc[: min(_COLUMNS, r.shape[1] - c0)]
-        a[:] = 0
-        for row in r[:, c0 : c0 + _COLUMNS]:
-            a += row
-        out[c0 : c0 + len(a)] = a
+
+    def block(b0: int, b1: int) -> None:  # column blocks b0..b1-1, one thread
+        acc = np.empty(_COLUMNS, np.int32)
+        for c0 in range(b0 * _COLUMNS, min(b1 * _COLUMNS, r.shape[1]), _COLUMNS):
+            a = acc[: min(_COLUMNS, r.shape[1] - c0)]
+            a[:] = 0
+            for row in r[:, c0 : c0 + _COLUMNS]:
+                a += row
+            out[c0 : c0 + len(a)] = a
+
+    for_blocks(-(-r.shape[1] // _COLUMNS), block)
     return torch.from_numpy(out)
 
 
