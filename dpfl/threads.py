@@ -8,6 +8,7 @@ same values as a serial loop would, so results do not depend on the number of th
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +21,6 @@ _inside = threading.local()  # set in pool threads: nested calls run serially (n
 
 def workers() -> int:
     """Threads to use: torch's intra-op thread count (1 if torch is not loaded)."""
-    import sys
-
     torch = sys.modules.get("torch")
     return max(1, int(torch.get_num_threads())) if torch is not None else 1
 
