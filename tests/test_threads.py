@@ -1,4 +1,4 @@
-"""dpfl.threads.for_blocks, and the sign pipeline giving the same bits on any number of threads."""
+"""dpfl.threads (for_blocks, for_each), and the sign pipeline giving the same bits on any number of threads."""
 
 import multiprocessing as mp
 import threading
@@ -13,7 +13,7 @@ from dpfl.compression import bits
 from dpfl.compression.bits import SignCodec, random_sign_rows, unpack_signs
 from dpfl.rng import Seeds
 from dpfl.schemes import transport
-from dpfl.threads import for_blocks
+from dpfl.threads import for_blocks, for_each
 
 
 @pytest.fixture
@@ -89,6 +89,53 @@ def test_a_forked_child_gets_its_own_pool(threads):
     assert q.get(timeout=60) == [(0, 5), (5, 10)]
     p.join(60)
     assert p.exitcode == 0
+
+
+@pytest.mark.parametrize("workers,given", [(1, None), (3, None), (1, 4), (2, 1), (5, 2)])
+@pytest.mark.parametrize("n", [0, 1, 2, 9, 100])
+def test_each_index_is_handed_out_once(threads, workers, given, n):
+    threads(workers)
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def fn(i):
+        with lock:
+            seen.append((i, threading.get_ident()))
+
+    for_each(n, fn, threads=given)
+    assert sorted(i for i, _ in seen) == list(range(n))
+    assert len({t for _, t in seen}) <= max(1, min(workers if given is None else given, n))
+
+
+def test_for_each_uses_the_threads_it_is_given(threads):
+    threads(1)
+    barrier = threading.Barrier(3, timeout=30)  # passes only if three calls run at once
+    for_each(3, lambda i: barrier.wait(), threads=3)
+
+
+def test_for_each_stops_handing_out_after_an_error(threads):
+    threads(2)
+    done = []
+
+    def fn(i):
+        if i == 3:
+            raise ValueError("item 3")
+        done.append(i)
+
+    with pytest.raises(ValueError, match="item 3"):
+        for_each(1000, fn)
+    assert 3 not in done and len(done) < 999
+
+
+def test_for_each_inside_a_block_runs_serially(threads):
+    threads(2)
+    ids = {}
+
+    def outer(a, b):
+        for_each(20, lambda i: ids.setdefault(a, set()).add(threading.get_ident()))
+
+    for_blocks(2, outer)
+    assert all(len(t) == 1 for t in ids.values()) and len(ids) == 2
 
 
 @settings(max_examples=25, deadline=None)

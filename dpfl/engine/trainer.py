@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +13,7 @@ from dpfl.dpsgd.core import clipped_grad_sum
 from dpfl.engine.cohort import CohortModel, LowRank
 from dpfl.errors import ConfigError
 from dpfl.rng import CryptoRNG
+from dpfl.threads import for_each
 
 
 @dataclass
@@ -215,22 +215,21 @@ class Trainer:
 
         # (Σ clipped + noise from the row's own stream) / L, as dpsgd.core.noisy_gradient; each row's
         # noise comes from its own generator, so drawing rows in threads changes only the wall time
-        with ThreadPoolExecutor(len(bufs)) as pool:
-            for s in range(0, k, len(bufs)):
-                rows = range(s, min(k, s + len(bufs)))
-                if dp.noise_multiplier > 0:
-                    list(pool.map(draw, range(len(rows)), rows))
-                for j, c in enumerate(rows):
-                    on_device = bufs[j].to(xb.device)
-                    i, scale = 0, float(dp.expected[c])
-                    for g in grads.values():
-                        gc = g[c]
-                        if dp.noise_multiplier > 0:
-                            gc.add_(on_device[i:i + gc.numel()].view(gc.shape))
-                            i += gc.numel()
-                        gc.div_(scale)
-                        if sign is not None:
-                            gc.mul_(float(sign[c]))
+        for s in range(0, k, len(bufs)):
+            rows = range(s, min(k, s + len(bufs)))
+            if dp.noise_multiplier > 0:
+                for_each(len(rows), lambda j, s=s: draw(j, s + j), threads=len(bufs))
+            for j, c in enumerate(rows):
+                on_device = bufs[j].to(xb.device)
+                i, scale = 0, float(dp.expected[c])
+                for g in grads.values():
+                    gc = g[c]
+                    if dp.noise_multiplier > 0:
+                        gc.add_(on_device[i:i + gc.numel()].view(gc.shape))
+                        i += gc.numel()
+                    gc.div_(scale)
+                    if sign is not None:
+                        gc.mul_(float(sign[c]))
         return grads
 
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,

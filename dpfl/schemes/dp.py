@@ -42,7 +42,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -59,6 +58,7 @@ from dpfl.privacy import (
 from dpfl.privacy.mechanisms import discrete_gaussian, gaussian_noise
 from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step
 from dpfl.secagg import RoundAborted
+from dpfl.threads import for_each
 
 PLACEMENTS = ("distributed", "local", "central")
 
@@ -300,8 +300,8 @@ class GaussianNoiseStep(_NoiseStep):
             out[i] = local.z.add_(out[i])
 
         # each client's share comes from its own generator: threads change nothing but the wall time
-        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-            list(pool.map(add_share, [i for i in range(len(ctx.cohort)) if not skip[i]]))
+        rows = [i for i in range(len(ctx.cohort)) if not skip[i]]
+        for_each(len(rows), lambda j: add_share(rows[j]))
         if self.noise == "local":
             self.participation.record(np.asarray(ctx.cohort))
         ctx.metrics["dp_noise_shares"] = int(k - skip.sum())

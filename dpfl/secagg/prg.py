@@ -25,7 +25,6 @@ import itertools
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -33,6 +32,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dpfl.errors import ConfigError
+from dpfl.threads import for_each
 
 try:  # the optional C kernel (setup.py): same words; level 2 = VAES + AVX-512, 1 = AES-NI
     _native = importlib.import_module("dpfl.secagg._maskkernel")  # by name: a compiled module, not a .py
@@ -95,31 +95,31 @@ def _local_order(uses: dict[bytes, list[tuple[int, int]]], k: int) -> dict[bytes
     return dict(sorted(uses.items(), key=lambda kv: min(rank[r] for r, _ in kv[1])))
 
 
-def _python_runner(y, plan, keep, take):
+def _python_runner(y, plan, keep):
     item, seg = y.itemsize, SEGMENT_BYTES // y.itemsize
+    zeros, local = memoryview(_ZEROS), threading.local()
 
-    def run() -> None:
-        raw = bytearray(SEGMENT_BYTES + 16)  # spare bytes: older `update_into` wants block_size − 1 more
-        buf = np.frombuffer(raw, dtype=y.dtype.newbyteorder("<"), count=seg)
-        zeros = memoryview(_ZEROS)
-        for s in iter(take, None):
-            start = s * seg
-            m = min(seg, y.shape[1] - start)
-            ks = buf[:m]
-            for seed, rows, done in plan:
-                _stream(seed, s).update_into(zeros[: m * item], raw)
-                for row, op in rows:
-                    part = y[row, start : start + m]
-                    op(part, ks, out=part)
-                for row in done:
-                    part = y[row, start : start + m]
-                    np.bitwise_and(part, keep, out=part)
+    def run(s: int) -> None:
+        if not hasattr(local, "raw"):  # one keystream buffer per thread, reused
+            local.raw = bytearray(SEGMENT_BYTES + 16)  # spare bytes: older `update_into` wants block_size − 1 more
+            local.buf = np.frombuffer(local.raw, dtype=y.dtype.newbyteorder("<"), count=seg)
+        start = s * seg
+        m = min(seg, y.shape[1] - start)
+        ks = local.buf[:m]
+        for seed, rows, done in plan:
+            _stream(seed, s).update_into(zeros[: m * item], local.raw)
+            for row, op in rows:
+                part = y[row, start : start + m]
+                op(part, ks, out=part)
+            for row in done:
+                part = y[row, start : start + m]
+                np.bitwise_and(part, keep, out=part)
 
     return run
 
 
-def _native_runner(y, plan, keep, take):
-    """The C kernel on whole segments (it releases the GIL; the threads share nothing but `take`)."""
+def _native_runner(y, plan, keep):
+    """The C kernel on whole segments (it releases the GIL; segments share nothing)."""
     seeds = b"".join(seed for seed, _, _ in plan)
     use_ptr = np.cumsum([0] + [len(rows) for _, rows, _ in plan], dtype=np.int64)
     use_row = np.array([row for _, rows, _ in plan for row, _ in rows], dtype=np.int64)
@@ -129,11 +129,10 @@ def _native_runner(y, plan, keep, take):
     item, total = y.itemsize, y.shape[1] * y.itemsize
     keep_word = 0 if keep is None else int(keep)
 
-    def run() -> None:
-        for s in iter(take, None):
-            c0 = s * SEGMENT_BYTES
-            _native.mask_segment(y, y.strides[0], item, s, c0, min(SEGMENT_BYTES, total - c0), SEGMENT_BYTES,
-                                 seeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep_word, _level)
+    def run(s: int) -> None:
+        c0 = s * SEGMENT_BYTES
+        _native.mask_segment(y, y.strides[0], item, s, c0, min(SEGMENT_BYTES, total - c0), SEGMENT_BYTES,
+                             seeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep_word, _level)
 
     return run
 
@@ -181,22 +180,9 @@ def mask_rows(
     n_seg = -(-y.shape[1] // seg)
     if not n_seg or not plan:
         return y
-    todo, lock = iter(range(n_seg)), threading.Lock()
-
-    def take() -> int | None:  # segments are handed out one at a time (balances the threads)
-        with lock:
-            return next(todo, None)
-
     if _native is not None and use_native and y.flags.c_contiguous:
-        run = _native_runner(y, plan, keep, take)
+        run = _native_runner(y, plan, keep)
     else:
-        run = _python_runner(y, plan, keep, take)
-
-    n = max(1, min(int(workers), n_seg))
-    if n == 1:
-        run()
-    else:
-        with ThreadPoolExecutor(n) as pool:
-            for f in [pool.submit(run) for _ in range(n)]:
-                f.result()
+        run = _python_runner(y, plan, keep)
+    for_each(n_seg, run, threads=workers)  # segments handed out one at a time (balances the threads)
     return y

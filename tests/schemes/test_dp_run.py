@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from dpfl.config import load_config
 from dpfl.engine.simulator import Simulation
@@ -134,3 +135,22 @@ def test_a_round_with_more_failures_than_tolerated_releases_nothing(tmp_path):
     assert len(m) == 2 and all("aborted" in r for r in m)
     assert sim.ledger.events == [] and all(r["epsilon"] == 0.0 for r in m)
     assert bool((sim.w == w0).all())
+
+
+def test_noise_shares_and_record_noise_do_not_depend_on_the_thread_count():
+    """Distributed noise shares and DP-SGD noise inside the clients are drawn on a thread pool
+    (dpfl.threads.for_each); each row from its own generator, so the run is the same bits."""
+    before, weights = torch.get_num_threads(), []
+    try:
+        for threads in (1, 3):
+            cfg = _cfg("fl-std-dp", rounds=2, sigma=1.1, clip=0.5)
+            data = cfg.model_dump()
+            data["train"]["dpsgd"] = {"clip": 1.0, "noise_multiplier": 1.1}
+            data["run"]["threads"] = threads
+            sim = Simulation(load_config(data=data), None, log=lambda s: None)
+            sim.run()
+            assert torch.get_num_threads() == threads
+            weights.append(sim.w.clone())
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(weights[0], weights[1])
