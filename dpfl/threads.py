@@ -27,24 +27,25 @@ def workers() -> int:
 
 
 def _get_pool(n: int) -> ThreadPoolExecutor:
-    """A pool of at least n threads (it only grows: callers asking for fewer share it)."""
+    """A pool of at least n threads (it only grows: callers asking for fewer share it). Call with
+    `_lock` held, and submit before releasing it, so no other caller shuts the pool down between."""
     global _pool, _pool_size
-    with _lock:
-        if _pool is None or _pool_size < n:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(n, thread_name_prefix="dpfl-blocks", initializer=_mark_inside)
-            _pool_size = n
-        return _pool
+    if _pool is None or _pool_size < n:
+        if _pool is not None:
+            _pool.shutdown(wait=False)  # what was queued on it still runs
+        _pool = ThreadPoolExecutor(n, thread_name_prefix="dpfl-blocks", initializer=_mark_inside)
+        _pool_size = n
+    return _pool
 
 
 def _mark_inside() -> None:
     _inside.flag = True
 
 
-def _forget_pool() -> None:  # a forked child has none of the parent's threads
-    global _pool, _pool_size
-    _pool, _pool_size = None, 0
+def _forget_pool() -> None:  # a forked child has none of the parent's threads, and no lock holder
+    global _pool, _pool_size, _lock
+    _pool, _pool_size, _lock = None, 0, threading.Lock()
+    _inside.flag = False
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -57,12 +58,17 @@ def _inside_part() -> bool:
 def _together(calls: list[Callable[[], None]]) -> None:
     """Run the calls at once, the first on the calling thread; re-raise the first error once all
     have finished."""
-    futures = [_get_pool(len(calls) - 1).submit(c) for c in calls[1:]]
+    with _lock:
+        pool = _get_pool(len(calls) - 1)
+        futures = [pool.submit(c) for c in calls[1:]]
     errors: list[BaseException] = []
+    _inside.flag = True  # the caller's own part nests serially too
     try:
         calls[0]()
     except BaseException as e:  # noqa: BLE001 (re-raised below, after the others finish)
         errors.append(e)
+    finally:
+        _inside.flag = False
     for f in futures:
         e = f.exception()
         if e is not None:
@@ -107,4 +113,7 @@ def for_each(n: int, fn: Callable[[int], None], threads: int | None = None) -> N
                 failed.set()
                 raise
 
-    _together([drain] * k)
+    try:
+        _together([drain] * k)
+    finally:  # also on an interrupt while waiting: no index is handed out after this call returns
+        failed.set()

@@ -2,6 +2,7 @@
 
 import multiprocessing as mp
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpfl import threads as dpfl_threads
 from dpfl.compression import bits
 from dpfl.compression.bits import SignCodec, random_sign_rows, unpack_signs
 from dpfl.rng import Seeds
@@ -136,6 +138,66 @@ def test_for_each_inside_a_block_runs_serially(threads):
 
     for_blocks(2, outer)
     assert all(len(t) == 1 for t in ids.values()) and len(ids) == 2
+
+
+def test_callers_growing_the_pool_at_once_do_not_break_each_other(threads, monkeypatch):
+    threads(1)
+    get_pool = dpfl_threads._get_pool
+
+    class SlowSubmit:  # widens the gap between getting the pool and submitting to it
+        def __init__(self, pool):
+            self.pool = pool
+
+        def submit(self, fn):
+            time.sleep(0.002)
+            return self.pool.submit(fn)
+
+    def slow_get_pool(n):
+        return SlowSubmit(get_pool(n))
+
+    monkeypatch.setattr(dpfl_threads, "_get_pool", slow_get_pool)
+    errors: list[BaseException] = []
+    out = np.zeros((3, 40), int)
+
+    def caller(t):  # callers 0 and 1 ask for 2 threads again and again; caller 2 grows the pool to 40
+        try:
+            for j in range(2, 40):
+                k = j if t == 2 else 2
+                for_each(k, lambda i, t=t: out[t].__setitem__(i, out[t, i] + 1), threads=k)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=caller, args=(t,)) for t in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors
+    assert (out[:2, :2] == 38).all() and (out[:2, 2:] == 0).all()
+    assert list(out[2]) == [38, 38] + list(range(37, -1, -1))
+
+
+def test_for_each_from_the_callers_own_part_runs_on_that_thread(threads):
+    threads(2)
+    seen = {}
+    other_done = threading.Event()
+
+    def outer(a, b):
+        if a > 0:
+            other_done.set()  # the pool thread is free from here on
+            return
+        assert other_done.wait(30)
+        ids = set()
+
+        def item(i):
+            ids.add(threading.get_ident())
+            time.sleep(0.002)
+
+        for_each(20, item)
+        seen[a] = ids == {threading.get_ident()}
+
+    for_blocks(2, outer)
+    assert seen == {0: True}
 
 
 @settings(max_examples=25, deadline=None)
