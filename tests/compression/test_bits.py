@@ -77,6 +77,23 @@ def test_exact_zeros_get_fair_reproducible_random_signs():
         random_sign(np.array([[np.nan, 1.0]]), np.random.default_rng(0))
 
 
+@settings(max_examples=40, deadline=None)
+@given(shape=st.tuples(st.integers(1, 4), st.integers(1, 3000)), zeros=st.floats(0, 1), seed=st.integers(0, 2**16))
+def test_random_sign_is_numpys_sign_with_zeros_filled_in_order(shape, zeros, seed):
+    """Against a plain reference: sign, then the zeros in row-major order take
+    2·integers(0, 2) − 1 from the same generator, which ends in the same state."""
+    g = np.random.default_rng(seed)
+    x = g.standard_normal(shape).astype(np.float32)
+    x[g.random(shape) < zeros] = 0.0
+    got_rng, ref_rng = np.random.default_rng(seed + 1), np.random.default_rng(seed + 1)
+    got = random_sign(x, got_rng)
+    ref = np.where(x > 0, 1, -1).astype(np.int8)
+    nz = int((x == 0).sum())
+    ref[x == 0] = 2 * ref_rng.integers(0, 2, size=nz, dtype=np.int8) - 1
+    np.testing.assert_array_equal(got, ref)
+    assert got_rng.integers(0, 2**62) == ref_rng.integers(0, 2**62)
+
+
 def test_bad_inputs_raise_named_errors():
     with pytest.raises(ConfigError, match=r"\[1, 64\]"):
         pack_uint(np.zeros((1, 3), np.int64), 0)
