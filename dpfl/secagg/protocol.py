@@ -542,6 +542,8 @@ class Server:
     def _check_advertise(self, m: AdvertiseKeys) -> None:
         enc = kx.check_public(m.enc_pk, f"client {m.sender}")
         mask = kx.check_public(m.mask_pk, f"client {m.sender}")
+        if not isinstance(m.signature, bytes):
+            raise ProtocolError(f"client {m.sender}: the signature must be bytes, got {type(m.signature).__name__}")
         if self.cfg.signing_keys is None and m.signature != b"":
             raise ProtocolError(f"client {m.sender}: a signature in a round without signatures")
         if self.cfg.signing_keys is not None and not kx.verify(

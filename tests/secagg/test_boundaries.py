@@ -259,6 +259,18 @@ def test_low_order_public_keys_are_rejected_at_receipt_and_the_round_goes_on():
         kx.check_public((1).to_bytes(32, "little"), "x")
 
 
+@pytest.mark.parametrize("signature", [np.array([], dtype=np.uint16), np.zeros(64, np.uint8), "", 0, None])
+def test_a_signature_that_is_not_bytes_is_rejected_and_the_round_goes_on(signature):
+    """Found by the protocol fuzzer: a hostile client's empty array as its signature made the
+    server's `signature != b""` raise NumPy's ValueError instead of rejecting the message."""
+    k, d, bits = 5, 10, 22
+    rows = _rows(k, d, bits, seed=7)
+    bad = lambda u, m: dataclasses.replace(m, signature=signature) if u == 2 else m
+    total, srv, _ = _round(rows, bits, advertise=bad)
+    assert np.array_equal(total, _plain(rows, set(range(k)) - {2}, bits))
+    assert any(u == 2 and "signature must be bytes" in r for u, r in srv.rejected)
+
+
 def test_a_garbage_ciphertext_costs_only_its_own_share():
     k, d, bits = 7, 20, 22
     rows = _rows(k, d, bits, seed=6)
