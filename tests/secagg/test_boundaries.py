@@ -241,13 +241,20 @@ def test_different_survivor_lists_cannot_give_both_shares_of_one_client():
 # ---------------------------------------------------------------- keys and ciphertexts
 
 
+def _one_bad_advertiser(k, d, bits, seed, bad_u, **fields):
+    """A round where client `bad_u` advertises with `fields` replaced: the others' exact sum comes
+    out; returns the server's rejections."""
+    rows = _rows(k, d, bits, seed=seed)
+    bad = lambda u, m: dataclasses.replace(m, **fields) if u == bad_u else m
+    total, srv, _ = _round(rows, bits, advertise=bad)
+    assert np.array_equal(total, _plain(rows, set(range(k)) - {bad_u}, bits))
+    return srv.rejected
+
+
 def test_low_order_public_keys_are_rejected_at_receipt_and_the_round_goes_on():
     k, d, bits = 6, 20, 22
-    rows = _rows(k, d, bits, seed=5)
-    bad = lambda u, m: dataclasses.replace(m, mask_pk=LOW_ORDER) if u == 3 else m
-    total, srv, _ = _round(rows, bits, advertise=bad)
-    assert np.array_equal(total, _plain(rows, set(range(k)) - {3}, bits))
-    assert any(u == 3 and "small order" in r for u, r in srv.rejected)
+    rejected = _one_bad_advertiser(k, d, bits, 5, 3, mask_pk=LOW_ORDER)
+    assert any(u == 3 and "small order" in r for u, r in rejected)
     # a server forwarding such a key: the client names the key's owner and shares nothing
     cfg = make_config(k, d, bits, rng_seed=0)
     c = Client(0, cfg, Seeds(0).crypto("client", 0))
@@ -263,12 +270,8 @@ def test_low_order_public_keys_are_rejected_at_receipt_and_the_round_goes_on():
 def test_a_signature_that_is_not_bytes_is_rejected_and_the_round_goes_on(signature):
     """Found by the protocol fuzzer: a hostile client's empty array as its signature made the
     server's `signature != b""` raise NumPy's ValueError instead of rejecting the message."""
-    k, d, bits = 5, 10, 22
-    rows = _rows(k, d, bits, seed=7)
-    bad = lambda u, m: dataclasses.replace(m, signature=signature) if u == 2 else m
-    total, srv, _ = _round(rows, bits, advertise=bad)
-    assert np.array_equal(total, _plain(rows, set(range(k)) - {2}, bits))
-    assert any(u == 2 and "signature must be bytes" in r for u, r in srv.rejected)
+    rejected = _one_bad_advertiser(5, 10, 22, 7, 2, signature=signature)
+    assert any(u == 2 and "signature must be bytes" in r for u, r in rejected)
 
 
 def test_a_garbage_ciphertext_costs_only_its_own_share():
