@@ -9,10 +9,12 @@ constants the thesis does not count either; they are reported separately when ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a codec runs: payloads alone need only NumPy
+    import torch
 
 
 @dataclass
@@ -54,9 +56,13 @@ class Float32Codec(Codec):
     name = "float32"
 
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
+        import torch
+
         return Payload({"values": rows.detach().to("cpu", torch.float32).contiguous().numpy()})
 
     def decode(self, payload: Payload, d: int) -> torch.Tensor:
+        import torch
+
         v = payload.arrays["values"]
         if v.ndim != 2 or v.shape[1] != d or v.dtype != np.float32:
             raise ValueError(f"float32 payload must have shape [k, {d}] float32, got {v.shape} {v.dtype}")

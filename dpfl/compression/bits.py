@@ -9,13 +9,16 @@ decoders reject a payload where they are not).
 from __future__ import annotations
 
 from math import gcd
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from dpfl.compression.base import Codec, Payload
 from dpfl.errors import ConfigError, DataError, ProtocolError
 from dpfl.threads import for_blocks
+
+if TYPE_CHECKING:  # imported by the functions that take tensors: packing words needs only NumPy
+    import torch
 
 _BLOCK = 1 << 22  # values per row block (bounds temporary memory)
 _CACHE_GROUPS = 8192  # value groups per inner block
@@ -113,6 +116,8 @@ def random_sign_rows(x: torch.Tensor, rng_for_row) -> torch.Tensor:
     the same int8 result as calling `random_sign` row by row; the generator of a row without zeros
     is never created. On CPU, blocks of rows run in parallel threads: `rng_for_row(i)` must return
     row i's own generator (not one shared between rows) and be safe to call from any thread."""
+    import torch
+
     if x.dim() != 2:
         raise DataError(f"sign input must have shape [k, n], got shape {tuple(x.shape)}")
     if x.dtype == torch.bool or x.is_complex():
@@ -274,6 +279,8 @@ class SignCodec(Codec):
     bits_per_value = 1
 
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
+        import torch
+
         t = rows.detach().to("cpu")
         t = t.float() if t.dtype == torch.bfloat16 else t  # NumPy has no bfloat16; float32 has its signs
         x = t.numpy()
@@ -284,6 +291,8 @@ class SignCodec(Codec):
         return Payload({"signs": pack_signs(x, rng)}, {"n": int(x.shape[1])})
 
     def decode(self, payload: Payload, d: int) -> torch.Tensor:
+        import torch
+
         return torch.from_numpy(unpack_signs(payload.arrays["signs"], d))
 
 
@@ -302,11 +311,15 @@ class UIntCodec(Codec):
         self.name = f"uint{self.bits}"
 
     def encode(self, rows: torch.Tensor, rng: np.random.Generator | None = None) -> Payload:
+        import torch
+
         if rows.is_floating_point() or rows.is_complex() or rows.dtype == torch.bool:
             raise DataError(f"{self.name} codec needs an integer tensor, got {rows.dtype}")
         x = rows.detach().to("cpu").numpy()
         return Payload({"packed": pack_uint(x, self.bits)}, {"n": int(x.shape[1]), "bits": self.bits})
 
     def decode(self, payload: Payload, d: int) -> torch.Tensor:
+        import torch
+
         v = unpack_uint(payload.arrays["packed"], d, self.bits)
         return torch.from_numpy(np.ascontiguousarray(v).view(np.int64))

@@ -19,6 +19,15 @@ from dpfl.data.images import load_default, load_digits, load_fashion_mnist, load
 from dpfl.data.imdb import load_imdb
 from dpfl.data.medical import load_medical_synthetic
 from dpfl.data.partition import downsample_majority, partition
+from dpfl.data.sitefiles import (
+    SITE_FORMATS,
+    SiteData,
+    check_input,
+    is_8bit,
+    load_site_data,
+    site_test_split,
+    write_site_data,
+)
 from dpfl.data.synthetic import load_cifar10_synthetic, load_imdb_synthetic
 from dpfl.errors import ConfigError
 
@@ -61,11 +70,18 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, seed: int = 0
 
 
 __all__ = [
+    "SITE_FORMATS",
     "Dataset",
+    "SiteData",
+    "check_input",
     "dataset_options",
     "downsample_majority",
+    "is_8bit",
     "list_datasets",
     "load_dataset",
+    "load_site_data",
     "partition",
     "read_idx",
+    "site_test_split",
+    "write_site_data",
 ]

@@ -13,9 +13,9 @@ from dpfl.models.loss import loss_per_sample
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batch_size: int = 1000) -> dict:
-    """Loss and accuracy; balanced accuracy and AUROC for binary tasks.
-
+def _outputs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str,
+             batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs and per-example losses on (x, y), in eval mode, batch by batch.
     Images on CPU run through a channels-last copy of the model in chunks of ≤ 256 (cache-sized;
     measured 1.7× faster than NCHW at 1000 on the thesis CNN); results do not depend on the chunk."""
     if x.dim() == 4 and x.device.type == "cpu":
@@ -32,8 +32,19 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batc
         losses.append(loss_per_sample(out, y[s : s + batch_size], task))
         outs.append(out)
     model.train()
-    out = torch.cat(outs)
-    res = {"loss": float(torch.cat(losses).mean())}
+    return torch.cat(outs), torch.cat(losses)
+
+
+def _correct(out: torch.Tensor, y: torch.Tensor, task: str) -> np.ndarray:
+    if task == "binary":
+        return (out.reshape(-1).double().cpu().numpy() > 0) == (y.reshape(-1).cpu().numpy() == 1)
+    return (out.argmax(1) == y).cpu().numpy()
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batch_size: int = 1000) -> dict:
+    """Loss and accuracy; balanced accuracy and AUROC for binary tasks."""
+    out, losses = _outputs(model, x, y, task, batch_size)
+    res = {"loss": float(losses.mean())}
     if task == "binary":
         score = out.reshape(-1).double().cpu().numpy()  # scikit-learn's AUROC needs NumPy
         yt = y.reshape(-1).cpu().numpy()
@@ -46,6 +57,15 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batc
     else:
         res["accuracy"] = float((out.argmax(1) == y).double().mean())
     return res
+
+
+def evaluate_counts(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: str,
+                    batch_size: int = 1000) -> dict[str, float | int]:
+    """What federated evaluation adds up across sites: examples, correct predictions, summed loss
+    (float64). Their sums give exactly the accuracy `evaluate` gives on the union of the sites' data."""
+    out, losses = _outputs(model, x, y, task, batch_size)
+    return {"n": len(y), "correct": int(_correct(out, y, task).sum()),
+            "loss_sum": float(losses.double().sum())}
 
 
 def _auroc(y: np.ndarray, score: np.ndarray) -> float:

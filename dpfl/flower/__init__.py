@@ -11,3 +11,7 @@
 See docs/deployment.md. Importing this package imports nothing heavy: a ClientApp process
 loads only what its message needs.
 """
+
+import time
+
+STARTED = time.time()  # when dpfl.flower began to load: in a ClientApp process, the end of Flower's launch

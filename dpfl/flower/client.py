@@ -13,6 +13,8 @@ Message types (content records in `wire`):
                        encrypted to its neighbours
     train.sa_mask      phase 2: the masked input y = x + masks mod 2^b
     train.sa_unmask    phase 3: the shares the server needs to remove the masks of the survivors
+    evaluate           federated evaluation: the global model on the site's held-out data (its
+                       test-path file, or its part of the built-in test set), as counts
 
 The secrets stay in the node's `context.state` (never sent): a 32-byte node secret from which
 each round's key (`party.round_key`) and thus `party.Party` are rebuilt, the encoded row, and the
@@ -24,8 +26,11 @@ unmask requests.
 from __future__ import annotations
 
 import logging
+import os
+import time
 import tomllib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,8 +38,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from dpfl.errors import ConfigError, ProtocolError
-from dpfl.flower import wire
+from dpfl.flower import STARTED, wire
 from dpfl.flower.party import Party, plan_digest, round_key, round_public_keys
+
+_IMPORTED = time.time()
 
 # The training code (torch, the engine, the schemes) is imported only by the handlers that
 # train: a ClientApp process serves one message, and the masking and unmasking phases need
@@ -228,6 +235,15 @@ def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_
     return RecordDict({wire.SECAGG: wire.unmask_record(msg)})
 
 
+def evaluate(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    """Federated evaluation: the global model on this site's held-out data, as counts."""
+    import torch
+
+    c = local_client(node_config, run_config)
+    w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
+    return RecordDict({wire.REPLY: ConfigRecord(c.evaluate(w))})
+
+
 Handler = Callable[[RecordDict, RecordDict, Mapping, Mapping], RecordDict]
 HANDLERS: dict[str, Handler] = {
     "query": hello,
@@ -236,6 +252,7 @@ HANDLERS: dict[str, Handler] = {
     "train.sa_train": sa_train,
     "train.sa_mask": sa_mask,
     "train.sa_unmask": sa_unmask,
+    "evaluate": evaluate,
 }
 
 # ---------------------------------------------------------------- the Flower ClientApp
@@ -243,14 +260,35 @@ HANDLERS: dict[str, Handler] = {
 app = ClientApp()
 
 
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0 elsewhere)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        start = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, in clock ticks since boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+
+
 def _answer(kind: str, msg: Message, context: Context) -> Message:
+    t0, age = time.time(), process_age()
     content = HANDLERS[kind](msg.content, context.state, context.node_config, context.run_config)
+    work = time.time() - t0
+    # where this process's time went: Flower's launch (process start to this module), importing
+    # this module, the handler's work (lazy imports of training code included)
+    content[wire.TIMING] = ConfigRecord({"launch": max(0.0, age - (t0 - STARTED)), "import": _IMPORTED - STARTED,
+                                         "work": work})
     return Message(content, reply_to=msg)
 
 
 @app.query()
 def _hello(msg: Message, context: Context) -> Message:
     return _answer("query", msg, context)
+
+
+@app.evaluate()
+def _evaluate(msg: Message, context: Context) -> Message:
+    return _answer("evaluate", msg, context)
 
 
 @app.train("statistic")

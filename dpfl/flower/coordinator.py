@@ -35,20 +35,24 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from dpfl.config import RunConfig
+from dpfl.config import RunConfig, dump_config
+from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
-from dpfl.engine.simulator import METRICS, SUMMARY, Simulation
+from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY, Simulation
 from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import wire
 from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg
 from dpfl.schemes.base import Received, RoundContext, Step
-from dpfl.schemes.round import batch_plan, empty_totals, run_round
+from dpfl.schemes.round import batch_plan, run_round
 from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
 from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server
 from dpfl.secagg.simulate import make_config
 
 MODEL = "model.pt"
+# where the global model is evaluated: on the server's test data (metrics accuracy, loss, ...), on
+# each site's held-out data added up (fed_accuracy, fed_loss, fed_examples, fed_sites), or both
+EVALUATION = ("server", "federated", "both")
 
 
 @dataclass
@@ -59,21 +63,33 @@ class Reply:
     down_nbytes: int  # serialized size of the message the server sent
 
 
-Exchange = Callable[[str, dict[int, RecordDict], float], dict[int, Reply]]
+Exchange = Callable[..., dict[int, Reply]]
+"""exchange(kind, contents, timeout, quorum=None) → replies by node: `quorum` answers in, the rest
+get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
 
 
 class Coordinator:
     """One deployed run. `Coordinator(cfg, exchange, nodes).run()`."""
 
     def __init__(self, cfg: RunConfig, exchange: Exchange, nodes: list[int], out_dir: str | Path | None = None,
-                 reproducible: bool = False, timeout: float = 300.0, log: Callable[[str], None] = print):
+                 reproducible: bool = False, timeout: float = 300.0, log: Callable[[str], None] = print,
+                 resume: bool = False, evaluation: str = "both"):
         if cfg.attack is not None and cfg.attack.name != "none":
             raise ConfigError("attacks are simulation-only; remove the [attack] section to deploy")
         check_record_dp(cfg)
+        if evaluation not in EVALUATION:
+            raise ConfigError(f"evaluation must be one of {', '.join(EVALUATION)}, got {evaluation!r}")
         self.cfg, self.exchange, self.timeout, self.log = cfg, exchange, float(timeout), log
+        self.evaluation = evaluation
         self.reproducible = reproducible
         self.out = Path(out_dir) if out_dir else None
-        self.sim = Simulation(cfg, None, log)
+        if resume:
+            self.sim = self._resumed(cfg, log)
+        else:
+            if self.out and (self.out / CHECKPOINT).exists():
+                raise ConfigError(f"{self.out} already holds a deployed run with a checkpoint; resume it (run config "
+                                  "resume = true, `dpfl flower local --resume`) or choose another out-dir")
+            self.sim = Simulation(cfg, None, log)
         if not reproducible:  # selection, server-side ties and central noise from the OS
             self.sim.seeds = OsSeeds()
         self.sim.setup()
@@ -86,7 +102,25 @@ class Coordinator:
         self.round_keys: dict[int, list[tuple[bytes, bytes]]] = {}  # client → (enc, mask) public keys per round
         self.history: list[dict[str, Any]] = []
         self.bytes = {"up": 0, "down": 0}  # serialized message bytes of the current round
-        self.cum = empty_totals()  # bytes over the run, as the simulator counts them
+        self.phases: dict[str, dict[str, float]] = {}  # this round's exchanges: wall and ClientApp time split
+        self.silent: set[int] = set()  # nodes that did not answer some message of the last round
+        self.erred: set[int] = set()  # nodes that answered some message of the last round with an error
+        self.answered: set[int] = set()  # clients whose replies were taken in the last phase the round reached
+        self.aborted = 0
+
+    def _resumed(self, cfg: RunConfig, log: Callable[[str], None]) -> Simulation:
+        """The run in `out_dir`, restored from its checkpoint (model, scheme state, privacy ledger)."""
+        if self.out is None:
+            raise ConfigError("resume needs the run's out-dir (run config out-dir)")
+        if not (self.out / CHECKPOINT).is_file():
+            raise ConfigError(f"{self.out} holds no {CHECKPOINT} to resume from")
+        sim = Simulation.resume(self.out, log)
+        if sim.cfg.model_dump() != cfg.model_dump():
+            raise ConfigError(f"the run config differs from the one {self.out} was started with ({CONFIG}); "
+                              "a resume continues the same run")
+        log(f"resuming {self.out} after round {sim.round}"
+            + ("" if sim.ledger is None else f", ε so far {sim.ledger.epsilon(cfg.privacy.delta):.4g}"))
+        return sim
 
     # ---- setup ----------------------------------------------------------------------
     def hello(self) -> None:
@@ -95,25 +129,66 @@ class Coordinator:
         if len(self.nodes) != n:
             raise ConfigError(f"{len(self.nodes)} nodes connected but data.n_clients = {n}: one node per client")
         replies = self.exchange("query", {node: RecordDict() for node in self.nodes}, self.timeout)
-        want = self.scheme.describe()
         seeded = set()
-        secure = self.scheme.transport.secure
         for node in self.nodes:
             rep = replies.get(node)
             if rep is None or rep.content is None:
                 raise ProtocolError(f"node {node} did not answer the hello: {rep.error if rep else 'timeout'}")
-            h = wire.read_hello(rep.content, self.cfg.federation.rounds, secure)
-            cid = h["cid"]
-            if not 0 <= cid < n or cid in self.node_of:
-                raise ConfigError(f"node {node} claims partition-id {cid}: ids must be distinct, in [0, {n})")
-            if h["describe"] != want:
-                raise ConfigError(f"client {cid} built {h['describe']!r}, the server {want!r}: configs differ")
-            self.node_of[cid], self.sizes[cid], self.round_keys[cid] = node, h["size"], h["keys"]
-            seeded.add(h["seeded"])
+            cid, is_seeded = self._greet(node, rep.content)
+            if cid in self.node_of:
+                raise ConfigError(f"node {node} claims partition-id {cid}, which node {self.node_of[cid]} holds: "
+                                  "ids must be distinct")
+            self.node_of[cid] = node
+            seeded.add(is_seeded)
         if self.reproducible and seeded != {True}:
             self.log("note: reproducible server but unseeded clients: results will not match the simulator")
         if not self.reproducible and True in seeded:
             self.log("WARNING: some clients run with dpfl-seeded = true: their noise is derivable from the seed")
+
+    def _greet(self, node: int, content: RecordDict) -> tuple[int, bool]:
+        """One node's hello: (client id, seeded); its data size and round keys are kept."""
+        n = self.cfg.data.n_clients
+        h = wire.read_hello(content, self.cfg.federation.rounds, self.scheme.transport.secure)
+        cid = h["cid"]
+        if not 0 <= cid < n:
+            raise ConfigError(f"node {node} claims partition-id {cid}: ids must be in [0, {n})")
+        if h["describe"] != self.scheme.describe():
+            raise ConfigError(f"client {cid} built {h['describe']!r}, the server {self.scheme.describe()!r}: "
+                              "configs differ")
+        self.sizes[cid], self.round_keys[cid] = h["size"], h["keys"]
+        return cid, h["seeded"]
+
+    def rejoin(self, r: int) -> list[int]:
+        """Before round r: greet nodes that connected since (a restarted site without node
+        authentication gets a new node id) and known nodes that answered the last round with an
+        error (a restarted site keeps its id but lost its keys). A client whose node did not answer
+        its last round is served by the node that now says it holds it. Returns who rejoined."""
+        listed = getattr(self.exchange, "connected", None)
+        known = set(self.node_of.values())
+        new = set(listed()) - known if listed else set()
+        ask = sorted(new | (self.erred & known))
+        if not ask:
+            return []
+        replies = self.exchange("query", {node: RecordDict() for node in ask}, self.timeout, len(ask))
+        back = []
+        for node in ask:
+            rep = replies.get(node)
+            if rep is None or rep.content is None:
+                continue
+            try:
+                cid, _ = self._greet(node, rep.content)
+            except (ProtocolError, ConfigError) as e:
+                self.log(f"round {r}: node {node} cannot rejoin: {e}")
+                continue
+            old = self.node_of.get(cid)
+            if old is not None and old != node and old not in self.silent | self.erred:
+                self.log(f"round {r}: node {node} claims client {cid}, which node {old} still serves: refused")
+                continue
+            self.node_of[cid] = node
+            back.append(cid)
+        if back:
+            self.log(f"round {r}: clients {back} rejoined (fresh round keys)")
+        return back
 
     # ---- one round ------------------------------------------------------------------
     def context(self, r: int, cohort: np.ndarray, n_selected: int) -> RoundContext:
@@ -134,9 +209,12 @@ class Coordinator:
         sim, cfg = self.sim, self.cfg
         r = sim.round + 1
         t0 = time.perf_counter()
+        back = self.rejoin(r)
         cohort, dropped = sim.select(r)
         ctx = self.context(r, cohort, len(cohort) + len(dropped))
         self.bytes = {"up": 0, "down": 0}
+        self.silent, self.erred, self.answered = set(), set(), set()
+        self.phases: dict[str, dict[str, float]] = {}
         extra = {"flower_up_bytes": 0, "flower_down_bytes": 0}
 
         def train(ctx: RoundContext) -> None:  # the clients train on their nodes, within `send`
@@ -156,36 +234,76 @@ class Coordinator:
             finally:
                 extra["flower_up_bytes"], extra["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
 
-        out = run_round(self.scheme, ctx, sim.accounting(), train=train, send=send, gather=gather, totals=self.cum,
+        out = run_round(self.scheme, ctx, sim.accounting(), train=train, send=send, gather=gather, totals=sim.cum,
                         n_clients=cfg.data.n_clients, sampling_rate=cfg.sampling_rate(), extra=extra)
         m = out.metrics
         if out.delta is not None:
             sim.w = sim.w + out.delta.to(sim.w.dtype)
             m["answered"] = int(out.received.count)  # over Flower: the clients whose rows are in the sum
-        elif "aborted" in m:
-            self.log(f"round {r}: {m['aborted']}; nothing released, the model is unchanged")
+        else:
+            m["answered"] = len(self.answered)  # who answered the last phase the round reached
+            if "aborted" in m:
+                self.aborted += 1
+                self.log(f"round {r}: {m['aborted']}; nothing released, the model is unchanged")
+        m["absent"] = sorted(int(c) for c in cohort if int(c) not in self.answered)  # asked, not in the result
+        for kind, split in self.phases.items():  # per exchange: wall time, and the slowest ClientApp's split
+            m.update({f"flower_{kind}_{part}_seconds": round(v, 4) for part, v in split.items()})
+        if back:
+            m["rejoined"] = back
         sim.round = r
         if sim.record is not None:
             m.update(sim.record_metrics(cohort))
         if r % cfg.eval.every == 0 or r == cfg.federation.rounds:
-            sim.flat.load_into(sim.model, sim.w)
-            m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
+            if self.evaluation != "federated":
+                sim.flat.load_into(sim.model, sim.w)
+                m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
+            if self.evaluation != "server":
+                m.update(self.federated_evaluation(r))
+            sim._update_best(m)
         m["round_seconds"] = round(time.perf_counter() - t0, 4)
         return m
 
-    def send(self, kind: str, contents: dict[int, RecordDict]) -> dict[int, Reply]:
-        """Send, count bytes, and keep the replies that carry content (errors are logged: dropped)."""
-        replies = self.exchange(kind, contents, self.timeout)
+    def federated_evaluation(self, r: int) -> dict[str, Any]:
+        """Every site evaluates the model on its held-out data; the counts add up (examples weigh)."""
+        model = wire.vector_record(self.sim.w.detach().cpu().numpy())
+        nodes = sorted(self.node_of.values())
+        replies = self.send("evaluate", {node: RecordDict({wire.MODEL: model}) for node in nodes},
+                            self.quorum(len(nodes)))
+        tot = {"n": 0, "correct": 0, "loss_sum": 0.0}
+        sites = 0
+        for cid, node in sorted(self.node_of.items()):
+            got = self.read(r, cid, replies.get(node), wire.read_evaluation)
+            if got and got["n"]:
+                sites += 1
+                for k in tot:
+                    tot[k] += got[k]
+        out: dict[str, Any] = {"fed_sites": sites, "fed_examples": tot["n"]}
+        if tot["n"]:
+            out.update(fed_accuracy=tot["correct"] / tot["n"], fed_loss=tot["loss_sum"] / tot["n"])
+        return out
+
+    def send(self, kind: str, contents: dict[int, RecordDict], quorum: int | None = None) -> dict[int, Reply]:
+        """Send, count bytes, and keep the replies that carry content (errors are logged: dropped).
+        Once `quorum` nodes have answered, the others get a short grace (`Exchange`)."""
+        t0 = time.perf_counter()
+        replies = self.exchange(kind, contents, self.timeout, quorum)
+        split = {"wall": time.perf_counter() - t0, "launch": 0.0, "import": 0.0, "work": 0.0}
+        for rep in replies.values():  # the slowest client's launch, import and work (`wire.read_timing`)
+            for part, v in wire.read_timing(rep.content).items():
+                split[part] = max(split[part], v)
+        self.phases[kind.removeprefix("train.")] = split
         out = {}
         for node in contents:
             rep = replies.get(node)
             if rep is None:
-                self.log(f"{kind}: node {node} did not answer within {self.timeout:.0f} s (dropped)")
+                self.log(f"{kind}: node {node} did not answer (dropped)")
+                self.silent.add(node)
                 continue
             self.bytes["up"] += rep.up_nbytes
             self.bytes["down"] += rep.down_nbytes
             if rep.content is None:
                 self.log(f"{kind}: node {node} failed: {rep.error} (dropped)")
+                self.erred.add(node)
             else:
                 out[node] = rep
         return out
@@ -203,9 +321,15 @@ class Coordinator:
 
     def keep(self, ctx: RoundContext, answered: list[bool]) -> None:
         """The clients that answered stay in the round (the aggregator's weights follow them)."""
+        self.answered = {int(c) for c, a in zip(ctx.cohort, answered) if a}
         if not all(answered):
             keep = np.array(answered)
             ctx.cohort, ctx.weights = ctx.cohort[keep], ctx.weights[torch.from_numpy(keep).to(ctx.weights.device)]
+
+    @staticmethod
+    def quorum(k: int) -> int:
+        """Plain rounds: once all but one client have answered, the last gets a grace period."""
+        return max(1, k - 1)
 
     def statistic_rows(self, ctx: RoundContext) -> torch.Tensor:
         """The first exchange of a scheme that needs a round statistic: each client's row [k, n]
@@ -214,7 +338,7 @@ class Coordinator:
         model = wire.vector_record(self.sim.w.detach().cpu().numpy())
         contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), wire.MODEL: model})
                     for i, c in enumerate(cohort)}
-        replies = self.send("train.statistic", contents)
+        replies = self.send("train.statistic", contents, self.quorum(len(cohort)))
         rows = [self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
                           lambda m: wire.read_vector(m, n, wire.STATISTIC)) for c in cohort]
         if all(r is None for r in rows):
@@ -233,7 +357,7 @@ class Coordinator:
         models = self.models(ctx)
         contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), **models})
                     for i, c in enumerate(cohort)}
-        replies = self.send("train", contents)
+        replies = self.send("train", contents, self.quorum(len(cohort)))
         codec = self.scheme.transport.codec
         payloads, dims, answered, reports = [], set(), [], []
         for c in cohort:
@@ -295,8 +419,9 @@ class Coordinator:
 
         # phase 1: train, encode, share keys with the neighbours (keys advertised in the hello)
         neighbour_keys = {i: {v: (adv[v].enc_pk, adv[v].mask_pk) for v in graph[i] if v in adv} for i in adv}
+        need = shape.min_survivors  # once this many have answered a phase, the rest get a short grace
         replies = self.send("train.sa_train", contents(sorted(adv), lambda i: {
-            **models, "keys": wire.keys_record(neighbour_keys[i])}))
+            **models, "keys": wire.keys_record(neighbour_keys[i])}), need)
         got = {}
         for i in sorted(adv):
             parsed = self.read(r, int(cohort[i]), replies.get(node_at[i]),
@@ -337,23 +462,30 @@ class Coordinator:
         for i, (_, msg) in got.items():
             if take(i, msg):
                 proto[i] += msg.wire_nbytes
+        self.answered = {int(cohort[i]) for i in got}
         inbox = server.close_shares()
         # phase 2: masked inputs
-        replies = self.send("train.sa_mask", contents(sorted(inbox), lambda i: {"inbox": wire.inbox_record(inbox[i])}))
+        replies = self.send("train.sa_mask", contents(sorted(inbox), lambda i: {"inbox": wire.inbox_record(inbox[i])}),
+                            need)
         sent = np.zeros(k, dtype=np.int64)
         for i in sorted(inbox):
             msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_masked(m[wire.SECAGG], d))
             if msg and take(i, msg):
                 sent[i] = msg.wire_nbytes
+        self.answered = {int(cohort[i]) for i in range(k) if sent[i]}
         request = server.close_masked()
         # phase 3: unmasking
         req = wire.request_record(request)
-        replies = self.send("train.sa_unmask", contents(sorted(request.survivors), lambda i: {"request": req}))
+        replies = self.send("train.sa_unmask", contents(sorted(request.survivors), lambda i: {"request": req}), need)
+        unmasked = set()
         for i in sorted(request.survivors):
             msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_unmask(m[wire.SECAGG]))
             if msg and take(i, msg):
                 proto[i] += msg.wire_nbytes
+                unmasked.add(int(cohort[i]))
+        self.answered = unmasked
         total = server.finish()
+        self.answered = {int(cohort[i]) for i in request.survivors}  # their inputs are in the sum
         ctx.metrics["secagg_bits"] = float(bits)
         ctx.metrics["secagg_survivors"] = float(len(request.survivors))
         ctx.metrics["secagg_protocol_bytes"] = float(proto.mean())
@@ -361,14 +493,24 @@ class Coordinator:
                         count=len(request.survivors), upstream_bytes=sent, width=d)
 
     # ---- driving --------------------------------------------------------------------
+    def _start_files(self) -> None:
+        """config.toml (as the simulator writes it) and an empty metrics.jsonl; a resume keeps both."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.sim.round == 0:
+            d = self.sim.data_record()
+            source = d["source"].replace("\n", " ")
+            ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), sha256 {d['sha256']}\n"
+                                               + dump_config(self.cfg))
+            ckpt.write_text(self.out / METRICS, "")
+
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         self.hello()
         if self.out:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / METRICS).write_text("")
+            self._start_files()
         if self.sim.ledger is not None:
             self.log(self.sim.accounting_note())
-        while self.sim.round < self.cfg.federation.rounds:
+        total, first = self.cfg.federation.rounds, self.sim.round + 1
+        while self.sim.round < total:
             try:
                 m = self.step_round()
             except BudgetExceededError as e:
@@ -379,17 +521,18 @@ class Coordinator:
             if self.out:
                 with open(self.out / METRICS, "a") as f:
                     f.write(json.dumps(m) + "\n")
+                if self.sim.round % self.cfg.run.checkpoint_every == 0 or self.sim.round == total:
+                    ckpt.save(self.sim.state_dict(), self.out / CHECKPOINT)
             if on_round:
                 on_round(m)
-        summary = {"name": self.cfg.name, "scheme": self.scheme.name, "describe": self.scheme.describe(),
-                   "rounds_run": self.sim.round, "stopped": self.sim.stopped_reason,
-                   "epsilon_final": None if self.sim.ledger is None else self.sim.ledger.epsilon(self.cfg.privacy.delta),
-                   "reproducible": self.reproducible}
-        if self.sim.ledger is not None:
-            summary.update(epsilon_sampling=self.sim.epsilon_sampling(),
-                           epsilon_neighbouring=self.sim.epsilon_neighbouring(),
-                           epsilon_note=self.sim.accounting_note())
+        ran = self.sim.round - first + 1
+        if ran > 0 and self.aborted == ran:
+            self.sim.stopped_reason = (f"all {ran} rounds aborted (the last: {self.history[-1]['aborted']}); "
+                                       "nothing was released")
+        summary = {**self.sim.summary(), "reproducible": self.reproducible, "rounds_aborted": self.aborted,
+                   "deployment": "flower"}
         if self.out:
+            ckpt.save(self.sim.state_dict(), self.out / CHECKPOINT)
             torch.save({"round": self.sim.round, "w": self.sim.w.cpu()}, self.out / MODEL)
-            (self.out / SUMMARY).write_text(json.dumps(summary, indent=2))
+            ckpt.write_text(self.out / SUMMARY, json.dumps(summary, indent=2))
         return summary

@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -26,6 +27,10 @@ from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
 
 CONNECTION = "dpfl-local"
+# Flower's own settings: no telemetry, no update check, and the SuperExec looks for new tasks every
+# 0.1 s instead of every 1 s (a task is a ServerApp or ClientApp process to launch).
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+              "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 
 class FederationError(DpflError, RuntimeError):
@@ -146,8 +151,8 @@ class LocalFederation:
         self.port = 0
         self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
-        self.env = {**os.environ, "FLWR_HOME": str(self.dir / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1"}
+        self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.dir / "flwr-home")}
+        self.nodes: dict[int, subprocess.Popen] = {}  # client id → its SuperNode
 
     # ---- commands -------------------------------------------------------------------
     @property
@@ -199,7 +204,7 @@ class LocalFederation:
     def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{name}.log", "wb") as out:
+        with open(logs / f"{name}.log", "ab") as out:
             p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
                                  start_new_session=True)
         self.procs.append(p)
@@ -247,19 +252,43 @@ class LocalFederation:
                 if res.returncode:
                     raise FederationError(f"registering {pub.name} failed: {res.stdout}{res.stderr}")
         for i in range(self.n):
-            self._spawn(self.supernode_command(i, free_port()), f"supernode-{i}")
+            self.start_node(i)
         self.log(f"federation up: SuperLink 127.0.0.1:{self.port} ({'TLS' if self.tls else 'insecure'}"
                  f"{', node auth' if self.auth else ''}), {self.n} SuperNodes; logs in {self.dir / 'logs'}")
         return self
 
-    def run(self, app_dir: str | Path, timeout: float = 600.0, run_config: str | None = None) -> str:
-        """`flwr run` the app and wait for the run to end; returns its streamed log."""
-        for p in self.procs:
+    def start_node(self, i: int) -> None:
+        """Start client i's SuperNode (again, after `kill_node`: with the same key, an empty state)."""
+        if i in self.nodes and self.nodes[i].poll() is None:
+            raise FederationError(f"the SuperNode of client {i} is running")
+        self.nodes[i] = self._spawn(self.supernode_command(i, free_port()), f"supernode-{i}")
+
+    def kill_node(self, i: int) -> None:
+        """kill -9 of client i's SuperNode and everything it started (its SuperExec, ClientApps)."""
+        p = self.nodes[i]
+        for pid in descendants([p.pid]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        p.wait()
+
+    def serverapps(self) -> list[int]:
+        """The pids of the running ServerApp processes of this federation."""
+        return [pid for pid in descendants([p.pid for p in self.procs if p.poll() is None])
+                if "flwr-serverapp" in _cmdline(pid)]
+
+    def run(self, app_dir: str | Path, timeout: float = 600.0, run_config: str | None = None, *,
+            name: str = "run", watch: Callable[[str], None] | None = None) -> str:
+        """`flwr run` the app and wait for the run to end; returns its streamed log (logs/NAME.log).
+        `watch(log so far)` is called every 0.5 s while the run goes on (tests act on it)."""
+        for p in [*self.procs[:1], *self.nodes.values()]:
             if p.poll() is not None:
                 raise FederationError(f"{shlex.join(p.args[:1])} exited with code {p.returncode} before the run")
-        log_path = self.dir / "logs" / "run.log"
+        log_path = self.dir / "logs" / f"{name}.log"
+        log_path.unlink(missing_ok=True)
         before = _children_cpu()
-        p = self._spawn(self.run_command(app_dir, run_config), "run")
+        p = self._spawn(self.run_command(app_dir, run_config), name)
         deadline = time.monotonic() + timeout
         polls = 0
         while p.poll() is None:
@@ -272,6 +301,8 @@ class LocalFederation:
                     f"Flower refused {refused} app launches (\"Runtime task-token authentication failed\"): an "
                     f"app process must send its first heartbeat within {TOKEN_WINDOW_S} s of being launched, and "
                     "this machine is too loaded to start one that fast; see the logs in " + str(self.dir / "logs"))
+            if watch is not None:
+                watch(log_path.read_text(errors="replace"))
             time.sleep(0.5)
         self._cpu_done += _children_cpu() - before
         text = log_path.read_text(errors="replace")
@@ -294,6 +325,13 @@ class LocalFederation:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _children_cpu() -> float:

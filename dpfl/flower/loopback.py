@@ -7,7 +7,7 @@ message contents (a deployment adds Flower's message metadata and transport fram
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import RecordDict
@@ -24,14 +24,41 @@ class Loopback:
         self.run_config = dict(run_config)
         self.node_configs = {int(n): dict(c) for n, c in node_configs.items()}
         self.states = {n: RecordDict() for n in self.node_configs}
+        self.down: set[int] = set()  # nodes that are lost: they answer nothing
+        self.calls: list[tuple[str, list[int]]] = []  # (message type, nodes asked), in order
+        self.before: Callable[[str, int], None] | None = None  # called before each exchange (tests)
 
     @property
     def nodes(self) -> list[int]:
         return sorted(self.node_configs)
 
-    def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float) -> dict[int, Reply]:
+    def connected(self) -> list[int]:
+        return sorted(set(self.node_configs) - self.down)
+
+    def kill(self, node: int) -> None:
+        """The node is lost: it answers nothing from now on."""
+        self.down.add(node)
+
+    def restart(self, node: int, new_id: int | None = None) -> int:
+        """The lost node comes back with an empty state (as a restarted SuperNode), under `new_id`
+        if given (no node authentication: a new id) or its own. Returns its id."""
+        config = self.node_configs.pop(node) if new_id is not None else self.node_configs[node]
+        nid = node if new_id is None else new_id
+        self.node_configs[nid] = config
+        self.states.pop(node, None)
+        self.states[nid] = RecordDict()
+        self.down.discard(node)
+        return nid
+
+    def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float,
+                 quorum: int | None = None) -> dict[int, Reply]:
         out = {}
+        self.calls.append((kind, sorted(contents)))
+        if self.before is not None:
+            self.before(kind, len(self.calls))
         for node, content in contents.items():
+            if node in self.down or node not in self.node_configs:
+                continue
             down = wire.content_nbytes(content)
             try:
                 reply = HANDLERS[kind](content, self.states[node], self.node_configs[node], self.run_config)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,50 +114,76 @@ def decode_sum(sa: SecAggTransport, total: np.ndarray, bits: int) -> torch.Tenso
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """What a SuperNode's `--node-config` says about its client."""
+    """What a SuperNode's `--node-config` says about its client (docs/site-data.md)."""
 
     cid: int  # partition-id: the client's id in the federation
-    data_path: str | None = None  # .npz with x, y (else: partition `cid` of the configured dataset)
+    data_path: str | None = None  # its own training data: a CSV, .npz or image folder (else: partition `cid`)
     seeded: bool = False  # dpfl-seeded: draw client randomness from the config seed (tests only)
+    test_path: str | None = None  # its own held-out data, for federated evaluation
+    label_column: str = "label"  # the CSV's label column
+    data_shape: str | None = None  # reshape each example, e.g. "1,28,28"
+    data_scale: float | None = None  # divide CSV / .npz feature values by it (255 for 0..255 pixels)
+
+    KEYS = ("partition-id", "num-partitions", "data-path", "test-path", "label-column", "data-shape", "data-scale",
+            "dpfl-seeded")
 
     @classmethod
     def parse(cls, node_config: Mapping[str, Any], n_clients: int) -> NodeSettings:
-        allowed = ("partition-id", "num-partitions", "data-path", "dpfl-seeded")
+        unknown = sorted(set(node_config) - set(cls.KEYS))
+        if unknown:
+            raise ConfigError(f"unknown node config keys {unknown}; node config keys: {', '.join(cls.KEYS)}")
         pid = node_config.get("partition-id")
         if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < n_clients:
             raise ConfigError(f"node config partition-id must be an integer in [0, {n_clients}) "
-                              f"(data.n_clients = {n_clients}), got {pid!r}; node config keys: {', '.join(allowed)}")
+                              f"(data.n_clients = {n_clients}), got {pid!r}; node config keys: {', '.join(cls.KEYS)}")
         num = node_config.get("num-partitions", n_clients)
         if num != n_clients:
             raise ConfigError(f"node config num-partitions = {num!r} but the run config has data.n_clients = "
                               f"{n_clients}; they must agree")
-        path = node_config.get("data-path")
-        if path is not None and not isinstance(path, str):
-            raise ConfigError(f"node config data-path must be a string path, got {path!r}")
+        text = {}
+        for key in ("data-path", "test-path", "label-column", "data-shape"):
+            v = node_config.get(key)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ConfigError(f"node config {key} must be a non-empty string, got {v!r}")
+            text[key] = v
+        scale = node_config.get("data-scale")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
+            raise ConfigError(f"node config data-scale must be a number > 0, got {scale!r}")
+        describes = [k for k in ("label-column", "data-shape", "data-scale") if node_config.get(k) is not None]
+        if describes and text["data-path"] is None and text["test-path"] is None:
+            raise ConfigError(f"node config {', '.join(describes)} describe the files in data-path / test-path; "
+                              "give one or leave them out")
         seeded = node_config.get("dpfl-seeded", False)
         if not isinstance(seeded, bool):
             raise ConfigError(f"node config dpfl-seeded must be true or false, got {seeded!r}")
-        return cls(pid, path, seeded)
+        return cls(pid, text["data-path"], seeded, text["test-path"], text["label-column"] or "label",
+                   text["data-shape"], None if scale is None else float(scale))
 
 
-def load_npz(path: str) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """A client's own data file: arrays x (features) and y (int labels), optional task string."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"client data file not found: {p}")
-    with np.load(p, allow_pickle=False) as z:
-        if "x" not in z or "y" not in z:
-            raise DataError(f"{p} must hold arrays 'x' and 'y', has {sorted(z.files)}")
-        x, y = z["x"], z["y"]
-        task = str(z["task"]) if "task" in z else "multiclass"
-    if len(x) != len(y) or len(y) == 0:
-        raise DataError(f"{p}: x has {len(x)} rows and y {len(y)}; need the same number, at least one")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{p}: labels y must be integers, got {y.dtype}")
-    if task not in ("multiclass", "binary"):
-        raise DataError(f"{p}: task must be 'multiclass' or 'binary', got {task!r}")
-    xt = torch.from_numpy(x if np.issubdtype(x.dtype, np.integer) else x.astype(np.float32))
-    return xt, torch.from_numpy(y.astype(np.int64)), task
+def site_data(path: str, node: NodeSettings, cfg: RunConfig, model: torch.nn.Module):
+    """A site's own file (`dpfl.data.load_site_data`), checked against the model: it takes an
+    example, and the labels are classes the model predicts. One DataError line otherwise."""
+    from dpfl.data import load_site_data
+    from dpfl.data.dataset import as_model_input
+
+    site = load_site_data(path, label_column=node.label_column, shape=node.data_shape, scale=node.data_scale,
+                          like=cfg.data.dataset)
+    was = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = model(as_model_input(site.x[:1], next(model.parameters()).dtype))
+    except RuntimeError as e:
+        raise DataError(f"{path}: model {cfg.model.name!r} does not take its examples (shape "
+                        f"{list(site.x.shape[1:])}): {str(e).splitlines()[0]}") from None
+    finally:
+        model.train(was)
+    binary = out.shape[-1] == 1
+    classes = 2 if binary else int(out.shape[-1])
+    if int(site.y.max()) >= classes or (site.task == "binary") != binary:
+        raise DataError(f"{path}: labels {int(site.y.min())}..{int(site.y.max())} ({site.task}), the model predicts "
+                        f"{'a binary label' if binary else f'{classes} classes'}")
+    return site
 
 
 _federations: dict[str, Any] = {}
@@ -215,18 +240,21 @@ class LocalClient:
         self.device = torch.device(cfg.run.device)
         public_seeds = Seeds(cfg.seed)  # data partition and model structure: public, as in the simulator
         self.seeds: Seeds = public_seeds if node.seeded else OsSeeds()
-        public = None
+        from dpfl.models import build_model
+
+        model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
+        public, fed = None, None
         if node.data_path:
-            self.x, self.y, task = load_npz(node.data_path)
+            site = site_data(node.data_path, node, cfg, model)
+            self.x, self.y, task = site.x, site.y, site.task
         else:
             fed = federation(cfg)
             idx = torch.from_numpy(fed.clients[self.cid]).to(fed.x.device)
             self.x, self.y, task, public = fed.x[idx], fed.y[idx], fed.task, fed.public
         self.x, self.y = self.x.to(self.device), self.y.to(self.device)
         self.size = len(self.y)
-        from dpfl.models import build_model
-
-        model = build_model(cfg.model.name, seed=public_seeds.seed("model"), **cfg.model.options).to(self.device)
+        self.task = task
+        self.x_test, self.y_test = self._held_out(fed, model)
         self.n = sum(p.numel() for p in model.parameters())
         self.scheme = build_run_scheme(cfg, self.n)
         if cfg.train.dpsgd is not None:  # the client's own check, before it sends anything
@@ -242,6 +270,31 @@ class LocalClient:
         except (AttributeError, TypeError) as e:
             raise ConfigError(f"scheme {self.scheme.name!r} needs the federation's data to set up ({e}); "
                               "it cannot be deployed as configured (give fixed values, e.g. a numeric clip)") from None
+
+    def _held_out(self, fed: Any, model: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This site's held-out data for federated evaluation: its test-path file; without its own
+        files, its part of the built-in test set (`site_test_split`); else none."""
+        if self.node.test_path:
+            site = site_data(self.node.test_path, self.node, self.cfg, model)
+            if site.task != self.task:
+                raise DataError(f"{self.node.test_path}: a {site.task} task, the training data's is {self.task}")
+            return site.x.to(self.device), site.y.to(self.device)
+        if fed is None or not len(fed.y_test):
+            return None, None
+        from dpfl.data import site_test_split
+
+        idx = torch.from_numpy(site_test_split(len(fed.y_test), self.cfg.data.n_clients, self.cfg.seed)[self.cid])
+        return fed.x_test[idx].to(self.device), fed.y_test[idx].to(self.device)
+
+    def evaluate(self, w: torch.Tensor) -> dict[str, float | int]:
+        """The global model `w` on this site's held-out data: counts the server can add up
+        (examples, correct predictions, summed loss); n = 0 without held-out data."""
+        if self.x_test is None or not len(self.y_test):
+            return {"n": 0, "correct": 0, "loss_sum": 0.0}
+        from dpfl.engine.evaluate import evaluate_counts
+
+        self.trainer.flat.load_into(self.trainer.model, w)
+        return evaluate_counts(self.trainer.model, self.x_test, self.y_test, self.task, self.cfg.eval.batch_size)
 
     def check_plan(self, plan: Any) -> None:
         if plan.cohort[plan.index] != self.cid:

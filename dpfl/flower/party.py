@@ -20,7 +20,7 @@ def round_key(secret: bytes, round_id: int) -> bytes:
     return derive_key(secret, "flower-secagg-round", round_id)
 
 
-_KEYGEN = RoundConfig(0, 2, 1, 8, {0: (1,), 1: (0,)}, 1, 1)  # any config: keys depend only on the key
+_KEYGEN = RoundConfig(0, 3, 1, 8, {0: (1, 2), 1: (0, 2), 2: (0, 1)}, 2, 2)  # any config: keys depend only on the key
 
 
 def round_public_keys(secret: bytes, rounds: int) -> list[tuple[bytes, bytes]]:

@@ -9,6 +9,10 @@ with `flwr run --run-config 'key=value'`):
                    the config seed, as the simulator does; default false (OS randomness)
     timeout        seconds to wait for each phase's replies (a client that misses it has dropped)
     node-wait      seconds to wait for data.n_clients SuperNodes to connect
+    evaluation     server | federated | both (default): the global model on the server's test data,
+                   on every site's held-out data (its test-path file) added up, or both
+    resume         continue the run in out-dir from its checkpoint.pt (model, scheme state, privacy
+                   ledger: the ε already spent is kept); default false
 """
 
 from __future__ import annotations
@@ -27,36 +31,52 @@ from dpfl.flower.coordinator import Coordinator, Reply
 from dpfl.flower.wire import content_nbytes
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproducible": False, "timeout": 300.0,
-                                       "node-wait": 120.0}
+                                       "node-wait": 120.0, "resume": False, "evaluation": "both"}
 
 
 class GridExchange:
-    """`Exchange` over Flower: one message per node, replies collected until `timeout`
-    (polled every `poll` seconds: `Grid.send_and_receive` waits 3 s between pulls)."""
+    """`Exchange` over Flower: one message per node, replies matched to the message they answer
+    (`reply_to_message_id`: the SuperLink's own "node unavailable" replies come from node 0) and
+    collected until `timeout`, or, once `quorum` nodes have answered, for a grace period as long
+    again as the quorum took (at least `GRACE_MIN` s): a lost site costs seconds, not the timeout.
+    Pulled every `poll` s (`Grid.send_and_receive` waits 3 s between pulls)."""
 
-    def __init__(self, grid: Grid, poll: float = 0.2):
+    GRACE_MIN = 5.0
+
+    def __init__(self, grid: Grid, poll: float = 0.1):
         self.grid, self.poll = grid, poll
 
-    def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float) -> dict[int, Reply]:
+    def connected(self) -> list[int]:
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float,
+                 quorum: int | None = None) -> dict[int, Reply]:
         msgs = [Message(content, dst_node_id=node, message_type=kind) for node, content in contents.items()]
         down = {m.metadata.dst_node_id: content_nbytes(m) for m in msgs}
-        pending = set(self.grid.push_messages(msgs))
+        ids = list(self.grid.push_messages(msgs))
+        node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, msgs)}
+        pending = set(ids)
         out: dict[int, Reply] = {}
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         while pending:
             for rep in self.grid.pull_messages(list(pending)):
-                pending.discard(rep.metadata.reply_to_message_id)
-                node = rep.metadata.src_node_id
-                if node not in down:
+                mid = rep.metadata.reply_to_message_id
+                if mid not in pending:
                     continue
+                pending.discard(mid)
+                node = node_of[mid]
                 if rep.has_error():
-                    out[node] = Reply(None, rep.error.reason, 0, down[node])
+                    out[node] = Reply(None, f"{rep.error.reason} (Flower error code {rep.error.code})", 0, down[node])
                 else:
                     out[node] = Reply(rep.content, None, content_nbytes(rep), down[node])
-            if pending and time.monotonic() > deadline:
+            now = time.monotonic()
+            if quorum is not None and len(out) >= quorum and pending:
+                deadline = min(deadline, now + max(self.GRACE_MIN, now - start))
+                quorum = None  # the grace is set once, when the quorum is reached
+            if not pending or now > deadline:
                 break
-            if pending:
-                time.sleep(self.poll)
+            time.sleep(self.poll)
         return out
 
 
@@ -77,8 +97,11 @@ def settings(run_config: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown run config keys {unknown}; allowed: {', '.join(RUN_CONFIG_DEFAULTS)}")
     s = {**RUN_CONFIG_DEFAULTS, **dict(run_config)}
-    if not isinstance(s["reproducible"], bool):
-        raise ConfigError(f"run config reproducible must be true or false, got {s['reproducible']!r}")
+    for key in ("reproducible", "resume"):
+        if not isinstance(s[key], bool):
+            raise ConfigError(f"run config {key} must be true or false, got {s[key]!r}")
+    if s["resume"] and not s["out-dir"]:
+        raise ConfigError("run config resume = true needs out-dir: the run directory to continue")
     for key in ("timeout", "node-wait"):
         if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] <= 0:
             raise ConfigError(f"run config {key} must be a positive number of seconds, got {s[key]!r}")
@@ -94,6 +117,9 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(run_config_text(s))
     nodes = wait_for_nodes(grid, cfg.data.n_clients, float(s["node-wait"]))
     co = Coordinator(cfg, GridExchange(grid), nodes, out_dir=s["out-dir"] or None, reproducible=s["reproducible"],
-                     timeout=float(s["timeout"]), log=lambda line: print(line, flush=True))
+                     timeout=float(s["timeout"]), log=lambda line: print(line, flush=True), resume=s["resume"],
+                     evaluation=s["evaluation"])
     summary = co.run(on_round=lambda m: print("dpfl-round " + json.dumps(m), flush=True))
     print("dpfl-summary " + json.dumps(summary), flush=True)
+    if summary["rounds_aborted"] and summary["stopped"] and summary["stopped"].startswith("all "):
+        raise SystemExit(f"dpfl-error: {summary['stopped']}")

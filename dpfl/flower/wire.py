@@ -7,6 +7,7 @@ is unpickled. Every reader checks types and lengths and raises `ProtocolError` n
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ PAYLOAD = "payload"
 STATISTIC = "statistic"  # a client's row of the round statistic, or the server's statistic it trains with
 SECAGG = "secagg"
 REPLY = "reply"
+TIMING = "timing"  # a ClientApp's own time split (launch, import, work), in seconds
 
 
 def _get(rec: ConfigRecord, key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -134,6 +136,30 @@ def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]
         if any(not isinstance(x, bytes) or len(x) != 32 for x in (*enc, *mask)):
             raise ProtocolError(f"{w}: public keys must be 32-byte X25519 keys")
         out["keys"] = list(zip(enc, mask))
+    return out
+
+
+def read_evaluation(content: RecordDict) -> dict[str, float | int]:
+    """A site's evaluation counts: n ≥ 0 examples, 0 ≤ correct ≤ n, a finite loss sum ≥ 0."""
+    rec = _record(content, REPLY, "evaluation")
+    n, correct = _get(rec, "n", int, "evaluation"), _get(rec, "correct", int, "evaluation")
+    loss = _get(rec, "loss_sum", float, "evaluation")
+    if not 0 <= correct <= n or not (math.isfinite(loss) and loss >= 0):
+        raise ProtocolError(f"evaluation: n = {n}, correct = {correct}, loss_sum = {loss} are not counts of one set")
+    return {"n": n, "correct": correct, "loss_sum": loss}
+
+
+def read_timing(content: RecordDict | None) -> dict[str, float]:
+    """A reply's `TIMING` record (launch, import, work: finite seconds ≥ 0), or {} without one.
+    Informative only: a malformed record is ignored, never trusted for anything else."""
+    rec = None if content is None else content.get(TIMING)
+    if not isinstance(rec, ConfigRecord):
+        return {}
+    out = {}
+    for part in ("launch", "import", "work"):
+        v = rec.get(part)
+        if isinstance(v, float) and 0.0 <= v < 1e6:
+            out[part] = v
     return out
 
 

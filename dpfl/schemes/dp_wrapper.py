@@ -66,7 +66,8 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
             chain = [clip, noise, *base.steps] if dp.noise == "local" else [clip, *base.steps, noise]
     if dp.secure:
         transport: Transport = SecureSum(noise, neighbours=dp.neighbours, threshold=dp.threshold,
-                                         drop_after_masking=dp.drop_after_masking, frac_bits=dp.frac_bits)
+                                         drop_after_masking=dp.drop_after_masking, frac_bits=dp.frac_bits,
+                                         cohort=dp.cohort_size if dp.cohort_size >= 2 else None)
     else:  # the wire keeps the base's codec, except for rows a client noised in full after compressing
         local_rows = dp.noise == "local" and not post_processing
         transport = PlainDP(Float32Codec() if local_rows else base.transport.codec)

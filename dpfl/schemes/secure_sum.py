@@ -13,7 +13,7 @@ from dpfl.schemes.base import Received, RoundContext, Transport
 from dpfl.schemes.dp import DiscreteGaussianShareStep, GaussianNoiseStep, shares
 from dpfl.schemes.transport import report_bits
 from dpfl.secagg import RoundAborted, gaussian_clip_range, ring, sign_dp_bits
-from dpfl.secagg.simulate import secure_sum
+from dpfl.secagg.simulate import check_round_tolerance, secure_sum
 
 
 class SecAggTransport(Transport):
@@ -29,7 +29,10 @@ class SecAggTransport(Transport):
 
     max_dropouts (l): how many clients the noise calibration tolerates; a round with more drops
     aborts (`RoundAborted`) instead of releasing a sum with fewer noise shares. The default 0
-    tolerates none. drop_after_masking: fraction of the cohort (⌊fraction·k⌋ clients, drawn from
+    tolerates none. The protocol must survive any l lost clients (`graph.max_tolerated`: l ≤
+    degree + 1 − t): a round of k clients where it cannot raises one ConfigError line, and so
+    does the constructor when `cohort` (the cohort size |K|, if known) is given.
+    drop_after_masking: fraction of the cohort (⌊fraction·k⌋ clients, drawn from
     ctx.numpy_rng("secagg-drop")) that shares keys but never delivers its masked input.
     neighbours: None (complete graph) or an even k for the SecAgg+ sparse graph; threshold: Shamir t.
 
@@ -52,6 +55,7 @@ class SecAggTransport(Transport):
         threshold: int | None = None,
         max_dropouts: int = 0,
         drop_after_masking: float = 0.0,
+        cohort: int | None = None,
     ):
         if encoding not in ("fixed", "int"):
             raise ConfigError(f"encoding must be 'fixed' or 'int', got {encoding!r}")
@@ -74,6 +78,20 @@ class SecAggTransport(Transport):
         self.encoding, self.clip_range, self.frac_bits, self.bits = encoding, clip_range, int(frac_bits), bits
         self.neighbours, self.threshold = neighbours, threshold
         self.max_dropouts, self.drop_after_masking = int(max_dropouts), float(drop_after_masking)
+        if cohort is not None:
+            self.check_cohort(cohort)
+
+    def check_cohort(self, k: int) -> None:
+        """ConfigError (one line) unless a round of k clients survives max_dropouts lost clients."""
+        check_round_tolerance(k, self.max_dropouts, self.neighbours, self.threshold)
+
+    def round_check(self, k: int) -> None:
+        """The same check for one round's cohort (a sampled cohort may be smaller than |K|): the
+        round aborts, releasing nothing, rather than run a sum that could not survive l losses."""
+        try:
+            self.check_cohort(k)
+        except ConfigError as e:
+            raise RoundAborted(f"round of {k} clients: {e}") from None
 
     def round_bits(self, k: int) -> int:
         """The modulus exponent b for a cohort of k clients."""
@@ -92,6 +110,7 @@ class SecAggTransport(Transport):
                 f"secure aggregation needs a cohort of ≥ 2 rows [k, d], got shape {tuple(u.shape)}"
             )
         k = int(u.shape[0])
+        self.round_check(k)
         bits = self.round_bits(k)
         if self.encoding == "fixed":
             words = ring.encode_fixed(u, bits, self.clip_range, self.frac_bits, ctx.numpy_rng("secagg-round"),
@@ -134,14 +153,17 @@ class SecureSum(Transport):
     with f = `frac_bits` or, by default, the smallest f whose step is ≤ share std / 256.
     FL-SIGN-DP rows: integers, b = ⌈log₂((12·√n·σ' + 1)·k)⌉ with σ' = σ·√(k/(k − l)) — the
     thesis formula (§5.2.4), which it equals for l = 0, k = |K|.
-    `max_dropouts` = l: a round where more than l clients drop after masking aborts.
+    `max_dropouts` = l: a round where more than l clients drop after masking aborts; a round of k
+    clients whose protocol cannot survive l lost clients raises ConfigError (`SecAggTransport`), and
+    so does the constructor for `cohort` = |K| when the cohort size is known at build time.
     """
 
     name = "secure_sum"
     secure = True
 
     def __init__(self, noise: GaussianNoiseStep | DiscreteGaussianShareStep, *, neighbours: int | None = None,
-                 threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None):
+                 threshold: int | None = None, drop_after_masking: float = 0.0, frac_bits: int | None = None,
+                 cohort: int | None = None):
         self.noise = noise
         self.neighbours, self.threshold = neighbours, threshold
         self.drop_after_masking = float(drop_after_masking)
@@ -150,8 +172,8 @@ class SecureSum(Transport):
             raise ConfigError(f"frac_bits must be an integer in [0, 52] or omitted (automatic), got {frac_bits!r}")
         self.frac_bits = frac_bits
         self.bits_per_value: int | None = None
-        # validates neighbours / threshold / drop fraction once
-        self._inner(encoding="int", bits=8)
+        # validates neighbours / threshold / drop fraction once, and l against |K| when known
+        self._inner(encoding="int", bits=8, cohort=cohort)
 
     def _inner(self, **kw) -> SecAggTransport:
         return SecAggTransport(neighbours=self.neighbours, threshold=self.threshold,
@@ -159,6 +181,10 @@ class SecureSum(Transport):
 
     def round_transport(self, k: int, d: int) -> SecAggTransport:
         """The secure-aggregation transport for a round of k clients with d values each."""
+        try:
+            check_round_tolerance(k, self.noise.tolerate, self.neighbours, self.threshold)
+        except ConfigError as e:
+            raise RoundAborted(f"round of {k} clients: {e}") from None
         if isinstance(self.noise, DiscreteGaussianShareStep):
             m = shares(k, self.noise.tolerate)
             return self._inner(encoding="int", bits=sign_dp_bits(d, self.noise.sigma * math.sqrt(k / m), k))

@@ -28,8 +28,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from dpfl.errors import ConfigError
 from dpfl.threads import for_each
@@ -88,6 +86,9 @@ def _local_order(uses: dict[bytes, list[tuple[int, int]]], k: int) -> dict[bytes
     pairs = [(a, b) for rows in uses.values() for (a, _), (b, _) in itertools.pairwise(rows)]
     if not pairs:
         return uses
+    from scipy.sparse import coo_matrix  # the row order of a whole cohort (simulation): not on a client
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
     a, b = np.array(pairs).T
     graph = coo_matrix((np.ones(2 * a.size), (np.r_[a, b], np.r_[b, a])), shape=(k, k)).tocsr()
     rank = np.empty(k, dtype=np.int64)

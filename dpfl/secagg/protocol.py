@@ -3,25 +3,35 @@ of SecAgg+ (Bell et al., CCS 2020) as an option, hardened against a dishonest se
 clients (threat model: docs/threat-model.md).
 
 One round, over Z_(2^b), for clients 0..n−1 with neighbour sets N(u) (all others, or a
-k-regular graph, see `graph.py`) and Shamir threshold t > max degree / 2:
+k-regular graph, see `graph.py`) and Shamir threshold t with 2t > max degree + 1
+(`graph.min_threshold`):
 
 0. AdvertiseKeys: u sends two X25519 public keys (share encryption, masking), signed when the
    round uses signatures. Server: U1 (keys of small order are rejected).
 1. ShareKeys: u draws a self-mask seed b_u and Shamir-shares b_u and its masking private key
-   s_u among N(u) ∩ U1 (t-of-|N(u) ∩ U1|), each share encrypted to its holder with AES-GCM
-   under the HKDF'd X25519 key of the pair, and commits to b_u (SHA-256). Server: U2.
-2. MaskedInput: u sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(s_uv) mod 2^b
+   s_u at threshold t, at x = v + 1 for each holder v: b_u among N(u) ∩ U1 and u itself (u keeps
+   its own share, never sent), s_u among N(u) ∩ U1 only (the polynomial is also evaluated at
+   u's own x, and that share discarded: it could never be revealed, since u's mask key is
+   needed only when u is lost). Each share is encrypted to its holder with AES-GCM under the
+   HKDF'd X25519 key of the pair; u commits to b_u (SHA-256). u needs |N(u) ∩ U1| + 1 ≥ t.
+   Server: U2.
+2. MaskedInput: u checks that |(N(u) ∩ U2) ∪ {u}| ≥ t (Bonawitz et al.'s |U2| ≥ t: with fewer
+   pairwise masks, a server that hid the other senders from u would unmask x_u with b_u alone),
+   then sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(s_uv) mod 2^b
    (+ if u < v, − otherwise; s_uv = HKDF(X25519(s_u, S_v))). The server adds y_u to its
    accumulator as it arrives. Server: U3 (the survivors).
    (Optional, signatures: ConsistencyCheck — each survivor signs U3; the server collects the
    signatures and forwards them with the unmask request.)
 3. Unmasking: the server announces U3; each survivor checks the list (every listed neighbour
-   exchanged keys and shares with it; enough genuine survivors; valid signatures if used) and
-   reveals, for each neighbour v, its share of b_v if v ∈ U3 or of s_v if v ∈ U2 \\ U3 — never
-   both for one v, and once per round. The server reconstructs from all the shares it got,
-   correcting and naming wrong ones (`shamir.reconstruct`), checks each seed against its
-   commitment and each key against its public key, removes the masks, and obtains
-   Σ_{u ∈ U3} x_u mod 2^b.
+   exchanged keys and shares with it; it and its listed neighbours number ≥ t; valid
+   signatures if used) and reveals its own share of b_u and, for each neighbour v, its share of
+   b_v if v ∈ U3 or of s_v if v ∈ U2 \\ U3 — never both for one v, and once per round. A server
+   can thus get at most degree + 1 shares about one client, fewer than 2t: never t of both of its
+   own secrets, whatever survivor lists it shows (getting x_u through the mask keys of u's
+   partners instead is what the signed consistency check stops: docs/threat-model.md). The
+   server reconstructs from all the shares it got, correcting and naming wrong ones
+   (`shamir.reconstruct`), checks each seed against its commitment and each key against its
+   public key, removes the masks, and obtains Σ_{u ∈ U3} x_u mod 2^b.
 
 Every message is type- and range-checked on arrival; a malformed one raises `ProtocolError`
 with the reason and is recorded in `Server.rejected`; its sender is then treated as dropped.
@@ -49,6 +59,7 @@ from dpfl.errors import ConfigError, ProtocolError
 from dpfl.rng import CryptoRNG
 from dpfl.secagg import keys as kx
 from dpfl.secagg import shamir
+from dpfl.secagg.graph import min_threshold
 from dpfl.secagg.prg import apply_masks
 from dpfl.secagg.ring import check_bits, reduce, word_dtype
 
@@ -98,14 +109,20 @@ class RoundConfig:
                 raise ConfigError(f"neighbour graph must be symmetric without self-loops (client {u})")
         degrees = [len(nb) for nb in self.neighbours.values()]
         lo, hi = min(degrees), max(degrees)
-        if not hi // 2 + 1 <= self.threshold <= lo:
+        if not min_threshold(hi) <= self.threshold <= lo + 1:
             raise ConfigError(
-                f"threshold t must be in [{hi // 2 + 1}, {lo}] (more than half the largest neighbour count, "
-                f"at most the smallest), got {self.threshold}: with 2t ≤ degree a server sending different "
-                "survivor lists could collect both kinds of share for one client"
+                f"threshold t must be in [{min_threshold(hi)}, {lo + 1}] (more than half of the largest "
+                f"neighbour count + 1, at most the smallest + 1), got {self.threshold}: with 2t ≤ degree + 1 "
+                "a server sending different survivor lists could collect both kinds of share for one client"
             )
         if not 1 <= self.min_survivors <= n:
             raise ConfigError(f"min_survivors must be in [1, {n}], got {self.min_survivors}")
+        if self.min_survivors < self.threshold:  # each survivor's seed needs t shares of survivors
+            raise ConfigError(
+                f"n = {n} clients with min_survivors = {self.min_survivors} tolerate l = {n - self.min_survivors} "
+                f"lost clients, but at threshold t = {self.threshold} at most l = {n - self.threshold} can be "
+                "survived (fewer than t survivors never unmask a sum)"
+            )
         if self.signing_keys is not None and (
             set(self.signing_keys) != set(range(n))
             or any(not isinstance(k, bytes) or len(k) != kx.KEY_BYTES for k in self.signing_keys.values())
@@ -246,6 +263,7 @@ class Client:
         self._enc_sk = kx.new_private_key(rng)
         self._mask_sk = kx.new_private_key(rng)
         self._self_seed: bytes | None = None
+        self._own_share: bytes | None = None  # its own Shamir share of b_u (x = id + 1), never sent
         self._keys: dict[int, tuple[bytes, bytes]] = {}  # neighbour → (enc_pk, mask_pk), in U1
         self._enc_keys: dict[int, bytes] = {}  # neighbour → AES-GCM key of the pair
         self._shares: dict[int, tuple[bytes, bytes]] = {}  # neighbour in U2 → (share of s_v, of b_v) for me
@@ -286,15 +304,16 @@ class Client:
 
     def share_keys(self, keys: Mapping[int, tuple[bytes, ...]]) -> ShareKeys:
         keys = self._check_keys(keys)
-        if len(keys) < self.cfg.threshold:
+        if len(keys) + 1 < self.cfg.threshold:
             raise RoundAborted(
-                f"client {self.id}: {len(keys)} neighbours left, threshold is {self.cfg.threshold}"
+                f"client {self.id}: {len(keys)} neighbours left, with itself fewer than threshold {self.cfg.threshold}"
             )
         self._keys = dict(keys)
         self._self_seed = self._rng.bytes(32)
-        holders = [v + 1 for v in sorted(keys)]  # Shamir x-coordinate of client v is v + 1
+        holders = [v + 1 for v in sorted({*keys, self.id})]  # Shamir x-coordinate of client v is v + 1
         s_sh = shamir.split(kx.private_bytes(self._mask_sk), self.cfg.threshold, holders, self._rng)
         b_sh = shamir.split(self._self_seed, self.cfg.threshold, holders, self._rng)
+        self._own_share = b_sh[self.id + 1]  # its own share of s_u (s_sh[id + 1]) is dropped here
         out = {}
         for v in sorted(keys):
             key = self._enc_keys[v] = kx.agree(
@@ -340,6 +359,11 @@ class Client:
         ids = _check_ids(inbox, self.cfg.n_clients, f"client {self.id}: inbox")
         if not ids <= set(self._keys):
             raise ProtocolError(f"client {self.id}: ciphertexts from clients whose keys it never got")
+        if len(ids) + 1 < self.cfg.threshold:  # |U2| ≥ t: else its few pairwise masks could be undone
+            raise RoundAborted(
+                f"client {self.id}: an inbox from {len(ids)} neighbours, with itself fewer than threshold "
+                f"{self.cfg.threshold}: refusing to mask"
+            )
         shares, bad = {}, {}
         for v in sorted(ids):
             try:
@@ -405,18 +429,20 @@ class Client:
         )
 
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
-        """Reveal b_v shares for surviving neighbours and s_v shares for dropped ones (once per round),
-        only for a survivor list it can accept: every listed neighbour exchanged keys and shares with
-        it, at least t of them survive, the list has at least min_survivors ids (with signatures: as
-        many valid signatures of this very list, one of them its own)."""
+        """Reveal its own b_u share, b_v shares for surviving neighbours and s_v shares for dropped
+        ones (once per round), only for a survivor list it can accept: it is listed, every listed
+        neighbour exchanged keys and shares with it, it and its listed neighbours number at least t,
+        the list has at least min_survivors ids (with signatures: as many valid signatures of this
+        very list, one of them its own)."""
         if self._unmasked:
             raise ProtocolError(f"client {self.id}: already answered an unmask request this round")
-        survivors = self._check_survivors(request)
+        survivors = self._check_survivors(request)  # lists this client
         cfg, me = self.cfg, f"client {self.id}"
-        genuine = survivors & (set(self._shares) | set(self.bad_senders))
+        genuine = survivors & (set(self._shares) | set(self.bad_senders) | {self.id})
         if len(genuine) < cfg.threshold:
             raise RoundAborted(
-                f"{me}: only {len(genuine)} of its neighbours survive, threshold {cfg.threshold}"
+                f"{me}: only {len(genuine) - 1} of its neighbours survive, with itself fewer than threshold "
+                f"{cfg.threshold}"
             )
         if len(survivors) < cfg.min_survivors:
             raise RoundAborted(
@@ -442,7 +468,7 @@ class Client:
                     f"{max(cfg.min_survivors, cfg.threshold)} required"
                 )
         self._unmasked = True
-        selfs, keys_ = {}, {}
+        selfs, keys_ = {self.id: self._own_share}, {}
         for v, (s_share, b_share) in self._shares.items():
             if v in survivors:
                 selfs[v] = b_share
@@ -602,7 +628,7 @@ class Server:
         if not isinstance(m.self_mask_shares, Mapping) or not isinstance(m.key_shares, Mapping):
             raise ProtocolError(f"client {u}: shares must be mappings from client ids")
         nb = set(self.cfg.neighbours[u]) & set(self._cts)
-        bad_self = set(m.self_mask_shares) - (nb & self.survivors)
+        bad_self = set(m.self_mask_shares) - ((nb & self.survivors) | {u})  # u: its own share of b_u
         bad_key = set(m.key_shares) - (nb - self.survivors)
         if bad_self:
             raise ProtocolError(
@@ -697,7 +723,7 @@ class Server:
         cfg = self.cfg
         dropped = set(self._cts) - self.survivors
         masks = []
-        for v in sorted(self.survivors):
+        for v in sorted(self.survivors):  # v's own share counts, as its neighbours' do
             shares = {
                 u + 1: a.self_mask_shares[v] for u, a in self._answers.items() if v in a.self_mask_shares
             }

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from dpfl.errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    import torch
 
 try:  # the optional C extension (setup.py): a one-pass min/max for the range checks
     _kernel = importlib.import_module("dpfl.secagg._maskkernel")  # by name: a compiled module, not a .py
@@ -38,6 +42,14 @@ except ImportError:
 
 MAX_BITS = 64
 
+
+def _numpy(rows: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A tensor's values on the CPU, or the array itself (torch is not imported here: a client
+    masking words needs only NumPy, and a tensor exists only where torch is loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(rows, torch.Tensor):
+        return rows.detach().to("cpu").numpy()
+    return np.asarray(rows)
 
 def int_range(x: np.ndarray) -> tuple[int, int]:
     """(min, max) of a non-empty integer array, in one pass where the C extension is built."""
@@ -155,7 +167,7 @@ def encode_fixed(
     same words): this skips a fresh [k, d] array whose first-touch page faults cost more than the
     encoding. The range is checked first: rejected rows are left as they were."""
     check_bits(bits)
-    x = rows.detach().to("cpu").numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+    x = _numpy(rows)
     if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.integer):
         raise ProtocolError(f"fixed-point encoding needs real rows, got dtype {x.dtype}")
     if x.ndim != 2:
@@ -201,7 +213,7 @@ def encode_int(rows: torch.Tensor | np.ndarray, bits: int, bound: int | None = N
     (`simulate.secure_sum` also takes signed rows and encodes them without a copy.)
     """
     check_bits(bits)
-    x = rows.detach().to("cpu").numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+    x = _numpy(rows)
     if x.ndim != 2:
         raise ConfigError(f"rows must have shape [k, d], got {x.shape}")
     if np.issubdtype(x.dtype, np.floating):

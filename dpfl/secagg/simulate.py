@@ -9,7 +9,13 @@ import numpy as np
 
 from dpfl.errors import ConfigError
 from dpfl.rng import CryptoRNG, Seeds
-from dpfl.secagg.graph import complete_graph, default_threshold, harary_graph
+from dpfl.secagg.graph import (
+    check_sparse_degree,
+    check_tolerance,
+    complete_graph,
+    default_threshold,
+    harary_graph,
+)
 from dpfl.secagg.prg import default_workers, mask_rows
 from dpfl.secagg.protocol import Client, MaskedInput, RoundConfig, Server
 from dpfl.secagg.ring import check_bits, check_int_range, client_bound, int_range, reduce, word_dtype
@@ -57,8 +63,9 @@ def secure_sum(
     their keys but whose masked input never arrives (excluded from the sum; their masks are
     removed through Shamir recovery). drop_before_unmasking: survivors that send no shares.
     neighbours: None for the complete graph, or an even k for the SecAgg+ Harary graph.
-    threshold: Shamir t (default: a majority of each client's neighbours). min_survivors: fewer
-    inputs than this abort the round with `RoundAborted` (default t). rng_seed: None draws every
+    threshold: Shamir t (default `graph.default_threshold`: a majority of a client and its
+    neighbours). min_survivors: fewer inputs than this abort the round with `RoundAborted`
+    (default t, the least allowed). rng_seed: None draws every
     key and seed from the OS; an int makes the run reproducible. workers: threads for the mask
     keystreams (default `prg.default_workers()`; results do not depend on it). `server` lets a
     test keep the server's view (pass a `Server` built for the same config via `make_config`).
@@ -188,7 +195,7 @@ def make_config(
     round_id: int = 0,
 ) -> RoundConfig:
     """The round configuration `secure_sum` uses (graph drawn from rng_seed, or the OS when None)."""
-    if neighbours is None or neighbours >= k - 1:
+    if _complete(k, neighbours):
         graph = complete_graph(k)
     else:
         rng = Seeds(rng_seed).crypto("secagg", round_id, "graph") if rng_seed is not None else CryptoRNG()
@@ -196,3 +203,22 @@ def make_config(
     degree = min(len(v) for v in graph.values())
     t = default_threshold(degree) if threshold is None else int(threshold)
     return RoundConfig(round_id, k, d, bits, graph, t, t if min_survivors is None else int(min_survivors))
+
+
+def _complete(k: int, neighbours: int | None) -> bool:
+    return neighbours is None or neighbours >= k - 1
+
+
+def round_shape(k: int, neighbours: int | None = None, threshold: int | None = None) -> tuple[int, int]:
+    """(degree, t) of the graph and threshold `make_config` gives a round of k clients."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
+        raise ConfigError(f"secure aggregation needs at least 2 clients, got {k!r}")
+    degree = int(k) - 1 if _complete(k, neighbours) else check_sparse_degree(k, neighbours)
+    return degree, default_threshold(degree) if threshold is None else int(threshold)
+
+
+def check_round_tolerance(k: int, tolerate: int, neighbours: int | None = None, threshold: int | None = None) -> None:
+    """ConfigError (one line) unless every round of k clients survives `tolerate` lost clients
+    (`graph.max_tolerated` at the degree and threshold `make_config` gives)."""
+    degree, t = round_shape(k, neighbours, threshold)
+    check_tolerance(int(k), degree, t, tolerate)

@@ -61,3 +61,41 @@ def require_row_contract() -> None:
         "RoundContext.answering is missing: apply the contract change in docs/deployment.md "
         "(DP shares calibrated on ctx.k(), sign ties drawn per client); without it a deployed "
         "FL-SIGN-DP client adds noise for k = 1 and differs from the simulator")
+
+
+def site_files(data: dict, root, formats: tuple[str, ...] = ("csv", "npz", "npz")) -> dict[int, dict]:
+    """Each client's own training and held-out files (its partition and its `site_test_split` part,
+    as `dpfl data export` writes them), in the given formats: node config entries per client id."""
+    from pathlib import Path
+
+    from dpfl.data import site_test_split, write_site_data
+    from dpfl.engine.simulator import build_federation
+    from dpfl.rng import Seeds
+
+    cfg = load_config(data=data)
+    fed = build_federation(cfg, Seeds(cfg.seed))
+    parts = site_test_split(len(fed.y_test), cfg.data.n_clients, cfg.seed)
+    out = {}
+    for i, (idx, fmt) in enumerate(zip(fed.clients, formats)):
+        train, test = Path(root) / f"client-{i}.{fmt}", Path(root) / f"client-{i}-test.{fmt}"
+        write_site_data(train, fed.x[idx], fed.y[idx], fmt)
+        write_site_data(test, fed.x_test[parts[i]], fed.y_test[parts[i]], fmt)
+        out[i] = {"data-path": str(train), "test-path": str(test)}
+        if fmt == "csv":
+            out[i]["data-shape"] = ",".join(str(s) for s in fed.x.shape[1:])
+    return out
+
+
+def held_out_counts(data: dict, w) -> dict:
+    """The federated evaluation the sites of `site_files` give for the global model `w`: counts on
+    the union of their held-out parts."""
+    import torch
+
+    from dpfl.data import site_test_split
+    from dpfl.engine.evaluate import evaluate_counts
+
+    sim = Simulation(load_config(data=data), None, log=lambda s: None)
+    idx = torch.from_numpy(__import__("numpy").concatenate(
+        site_test_split(len(sim.fed.y_test), sim.cfg.data.n_clients, sim.cfg.seed)))
+    sim.flat.load_into(sim.model, w)
+    return evaluate_counts(sim.model, sim.fed.x_test[idx], sim.fed.y_test[idx], sim.fed.task)

@@ -38,10 +38,10 @@ class Recording(Loopback):
         self.fail = fail or {}
         self.words: dict[int, np.ndarray] = {}
 
-    def __call__(self, kind, contents, timeout):
+    def __call__(self, kind, contents, timeout, quorum=None):
         failing = self.fail.get(kind, set())
         keep = {n: c for n, c in contents.items() if n not in failing}
-        out = super().__call__(kind, keep, timeout)
+        out = super().__call__(kind, keep, timeout, quorum)
         if kind == "train.sa_train":
             for n in keep:
                 if fclient.WORDS in self.states[n]:
@@ -96,8 +96,8 @@ def test_more_failures_than_tolerated_release_nothing():
 class Replaying(Loopback):
     """Sends node 100 its unmask request a second time and keeps the answer."""
 
-    def __call__(self, kind, contents, timeout):
-        out = super().__call__(kind, contents, timeout)
+    def __call__(self, kind, contents, timeout, quorum=None):
+        out = super().__call__(kind, contents, timeout, quorum)
         if kind == "train.sa_unmask":
             self.second = super().__call__(kind, {100: contents[100]}, timeout)[100]
         return out
@@ -132,8 +132,8 @@ def test_fixed_point_secure_sum_matches_bit_for_bit():
 class Corrupting(Loopback):
     """Node 103's masked input loses its last byte on the way."""
 
-    def __call__(self, kind, contents, timeout):
-        out = super().__call__(kind, contents, timeout)
+    def __call__(self, kind, contents, timeout, quorum=None):
+        out = super().__call__(kind, contents, timeout, quorum)
         if kind == "train.sa_mask" and 103 in out:
             rec = out[103].content[wire.SECAGG]
             rec["masked"] = rec["masked"][:-1]
@@ -161,8 +161,8 @@ def test_a_malformed_masked_input_is_rejected_and_the_round_goes_on_without_it()
 class CheatingShares(Loopback):
     """In round 1 node 101 sends well-formed but wrong Shamir shares in its unmask reply."""
 
-    def __call__(self, kind, contents, timeout):
-        out = super().__call__(kind, contents, timeout)
+    def __call__(self, kind, contents, timeout, quorum=None):
+        out = super().__call__(kind, contents, timeout, quorum)
         if kind == "train.sa_unmask" and 101 in out and not getattr(self, "done", False):
             self.done = True
             rec = out[101].content[wire.SECAGG]
@@ -190,8 +190,8 @@ def test_a_client_with_wrong_shares_aborts_one_round_not_the_run():
 class LowOrderKey(Loopback):
     """Node 103 advertises a small-order masking key for round 1."""
 
-    def __call__(self, kind, contents, timeout):
-        out = super().__call__(kind, contents, timeout)
+    def __call__(self, kind, contents, timeout, quorum=None):
+        out = super().__call__(kind, contents, timeout, quorum)
         if kind == "query" and 103 in out:
             rec = out[103].content[wire.REPLY]
             rec["mask_pk"] = [bytes(32)] + list(rec["mask_pk"])[1:]
@@ -213,8 +213,8 @@ def test_a_small_order_key_excludes_its_client_from_that_round_only():
 class OddShape(Loopback):
     """Node 103 claims a different row length d in its phase-1 reply."""
 
-    def __call__(self, kind, contents, timeout):
-        out = super().__call__(kind, contents, timeout)
+    def __call__(self, kind, contents, timeout, quorum=None):
+        out = super().__call__(kind, contents, timeout, quorum)
         if kind == "train.sa_train" and 103 in out:
             rec = out[103].content[wire.REPLY]
             rec["d"] = int(rec["d"]) + 1
@@ -232,7 +232,8 @@ def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
 # metrics only one driver has: Flower's serialized message sizes; what the simulator's in-process
 # secure sum measures of its own simulated protocol; and what the client chain measures of the
 # cohort's rows (clip fraction, noise shares), which deployed clients keep to themselves
-FLOWER_ONLY = {"flower_up_bytes", "flower_down_bytes"}
+FLOWER_ONLY = {"flower_up_bytes", "flower_down_bytes", "absent", "rejoined", "fed_sites", "fed_examples", "fed_accuracy",
+               "fed_loss"}
 SIMULATOR_ONLY = {"step_secagg_protocol_bytes", "step_secagg_dropped", "step_dp_clip_bound", "step_dp_clip_fraction",
                   "step_dp_noise_shares", "step_dp_share_std", "step_up_bits_per_value"}
 # (Sub-FedAvg's step_sparsity and personal accuracies are computed from the masks its clients report)
@@ -312,11 +313,11 @@ class TamperedGradients(Loopback):
         super().__init__(run_config, node_configs)
         self.sent: dict[int, RecordDict] = {}
 
-    def __call__(self, kind, contents, timeout):
+    def __call__(self, kind, contents, timeout, quorum=None):
         if kind == "train":
             self.sent = contents
             contents = {**contents, 102: _with_statistic(contents[102], _set(5, np.nan))}
-        out = super().__call__(kind, contents, timeout)
+        out = super().__call__(kind, contents, timeout, quorum)
         if kind == "train.statistic" and 101 in out:
             out[101].content[wire.STATISTIC] = wire.vector_record(out[101].content[wire.STATISTIC]["w"].numpy()
                                                                   .astype(np.float64))

@@ -73,12 +73,12 @@ def test_round_plan_round_trips_with_its_graph():
 
 def test_a_client_refuses_a_weaker_secure_sum_configuration():
     sa = SecAggTransport("int", bits=12, max_dropouts=1)
-    graph = {u: tuple(v for v in range(4) if v != u) for u in range(4)}
-    check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 3))  # t = majority of 3, min = 4 − 1
-    with pytest.raises(ProtocolError, match="min_survivors = 2"):
-        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 2, 2))  # would unmask a smaller sum
-    with pytest.raises(ProtocolError, match="t = 3"):
-        check_round_config(sa, RoundConfig(1, 4, 5, 12, graph, 3, 3))
+    graph = {u: tuple(v for v in range(5) if v != u) for u in range(5)}
+    check_round_config(sa, RoundConfig(1, 5, 5, 12, graph, 3, 4))  # 2t > degree + 1 = 5, min = 5 − 1
+    with pytest.raises(ProtocolError, match="min_survivors = 3"):
+        check_round_config(sa, RoundConfig(1, 5, 5, 12, graph, 3, 3))  # would unmask a smaller sum
+    with pytest.raises(ProtocolError, match="t = 4"):
+        check_round_config(sa, RoundConfig(1, 5, 5, 12, graph, 4, 4))
 
 
 def test_node_settings_name_the_bad_key():

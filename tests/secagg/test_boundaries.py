@@ -143,7 +143,7 @@ def test_a_share_crafted_with_the_lagrange_weight_gives_no_silently_wrong_sum():
     total, srv, _ = _round(rows, bits, unmask=craft)
     assert np.array_equal(total, _plain(rows, range(k), bits)) and srv.cheaters == {1}
     # with only t shares of b_0 there is no redundancy: the seed commitment catches the shift
-    keep = {1, 2, 3, 4}  # holders x = 2..5 of client 0's seed: client 0's other neighbours stay silent
+    keep = {1, 2, 3}  # holders x = 1..4 of client 0's seed (its own and 1–3): client 0's other neighbours stay silent
     with pytest.raises(RoundAborted, match="does not match its commitment"):
         _round(rows, bits, unmask=lambda u, m: craft(u, m) if u in keep | {0} else None)
 
@@ -186,7 +186,7 @@ def test_secure_sum_with_a_cheating_client_completes_or_aborts(monkeypatch):
 
 
 def test_clients_refuse_a_survivor_list_padded_with_ids_that_never_took_part():
-    k, d, bits = 6, 20, 22  # t = 3 = min_survivors
+    k, d, bits = 6, 20, 22  # degree 5: t = 4 = min_survivors
     cfg = make_config(k, d, bits, rng_seed=0)
     clients = [Client(u, cfg, Seeds(0).crypto("client", u)) for u in range(k)]
     srv = Server(cfg)
@@ -198,7 +198,7 @@ def test_clients_refuse_a_survivor_list_padded_with_ids_that_never_took_part():
     inbox = srv.close_shares()
     for c in clients[:2]:
         c.masked_input(np.zeros(d, np.uint32), inbox[c.id])
-    padded = UnmaskRequest(cfg.round_id, frozenset({0, 1, 4, 5}))  # 2 real survivors, 4 listed ≥ 3
+    padded = UnmaskRequest(cfg.round_id, frozenset({0, 1, 4, 5}))  # 2 real survivors, 4 listed ≥ 4
     with pytest.raises(ProtocolError, match=r"survivors \[4, 5\] never exchanged keys and shares"):
         clients[0].unmask(padded)
     with pytest.raises(RoundAborted, match="only 1 of its neighbours survive"):  # the honest list: too short

@@ -70,9 +70,9 @@ def test_same_seed_same_view_different_seed_different_masks():
 def test_abort_when_too_many_drop():
     k, d, bits = 20, 16, 22
     rows = _words(k, d, bits)
-    srv = Server(make_config(k, d, bits, rng_seed=1))  # t = 10 = min_survivors
-    with pytest.raises(RoundAborted, match="9 clients sent masked inputs, at least 10"):
-        secure_sum(rows, bits, drop_after_masking=range(11), rng_seed=1, server=srv)
+    srv = Server(make_config(k, d, bits, rng_seed=1))  # degree 19: t = 11 = min_survivors
+    with pytest.raises(RoundAborted, match="10 clients sent masked inputs, at least 11"):
+        secure_sum(rows, bits, drop_after_masking=range(10), rng_seed=1, server=srv)
     assert srv.phase == "aborted" and srv._acc is None
     with pytest.raises(ProtocolError):
         srv.finish()
@@ -84,9 +84,9 @@ def test_abort_when_too_many_drop():
 
 
 def test_abort_when_shares_are_missing():
-    k, d, bits = 10, 8, 22  # t = 5
+    k, d, bits = 10, 8, 22  # degree 9: t = 6; 4 answer, 4 shares per seed even with the owner's own
     rows = _words(k, d, bits)
-    with pytest.raises(RoundAborted, match="threshold 5"):
+    with pytest.raises(RoundAborted, match="4 shares of client 2's self-mask seed, threshold 6"):
         secure_sum(rows, bits, drop_after_masking=[0, 1], drop_before_unmasking=[2, 3, 4, 5], rng_seed=2)
 
 
@@ -150,7 +150,7 @@ def test_clients_refuse_unsafe_unmask_requests():
     c.masked_input(np.zeros(cfg.d, np.uint32), inbox[0])
     with pytest.raises(ProtocolError, match="not listed as a survivor"):
         c.unmask(UnmaskRequest(cfg.round_id, frozenset({1, 2, 3, 4})))
-    with pytest.raises(RoundAborted, match="1 of its neighbours survive, threshold 3"):
+    with pytest.raises(RoundAborted, match="1 of its neighbours survive, with itself fewer than threshold 4"):
         c.unmask(UnmaskRequest(cfg.round_id, frozenset({0, 1})))
     c.unmask(UnmaskRequest(cfg.round_id, frozenset({0, 1, 2, 3})))
     with pytest.raises(ProtocolError, match="already answered"):  # never reveal the other share later

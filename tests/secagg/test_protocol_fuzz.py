@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from dpfl.errors import ProtocolError
 from dpfl.rng import Seeds
 from dpfl.secagg import shamir
+from dpfl.secagg.graph import default_threshold
 from dpfl.secagg.protocol import (
     AdvertiseKeys,
     Client,
@@ -118,10 +119,10 @@ def _hostile(act, phase, sc, own, delivered, foreign):
 def _run(sc, rows, foreign=()):
     """One round under the scenario; ('aborted', reason) or ('sum', total, survivors)."""
     k = sc["k"]
+    t = default_threshold(sc["neighbours"] or k - 1)  # min_survivors < t is refused (never unmaskable)
     cfg = make_config(
-        k, D, BITS, neighbours=sc["neighbours"], min_survivors=max(1, k - sc["tolerate"]), rng_seed=sc["seed"]
+        k, D, BITS, neighbours=sc["neighbours"], min_survivors=max(t, k - sc["tolerate"]), rng_seed=sc["seed"]
     )
-    cfg = dataclasses.replace(cfg, min_survivors=max(cfg.threshold, cfg.min_survivors))
     clients = [Client(u, cfg, Seeds(sc["seed"]).crypto("client", u)) for u in range(k)]
     srv = Server(cfg)
     delivered: list = []
@@ -279,7 +280,7 @@ def test_a_client_facing_a_dishonest_server_reveals_only_what_is_safe(
         me.masked_input(np.zeros(D, np.uint32), inbox)
     except ProtocolError:
         return
-    usable = set(me._shares)
+    usable = set(me._shares) | {0}  # with its own share of b_0
     answers = []
     for req in requests:
         try:
@@ -292,16 +293,17 @@ def test_a_client_facing_a_dishonest_server_reveals_only_what_is_safe(
         survivors = set(req.survivors)
         assert 0 in survivors and len(survivors) >= cfg.min_survivors
         assert survivors <= set(range(k)) and survivors - {0} <= set(me._shares) | set(me.bad_senders)
-        assert len(survivors & (set(me._shares) | set(me.bad_senders))) >= cfg.threshold
+        assert len(survivors & (set(me._shares) | set(me.bad_senders) | {0})) >= cfg.threshold
+        assert len(set(me._shares) | set(me.bad_senders)) + 1 >= cfg.threshold  # |U2 ∩ N(0)| + 1 ≥ t
         assert not set(a.self_mask_shares) & set(a.key_shares)  # never both kinds for one client
-        assert set(a.self_mask_shares) | set(a.key_shares) <= usable
+        assert set(a.self_mask_shares) | set(a.key_shares) <= usable and 0 in a.self_mask_shares
 
 
 @FUZZ
 @given(st.integers(5, 9), st.data())
 def test_wrong_shares_are_corrected_up_to_the_decoding_bound_else_the_round_aborts(k, data):
     cfg = make_config(k, D, BITS, rng_seed=k)
-    t, m = cfg.threshold, k - 1  # complete graph: each secret has k − 1 holders
+    t, m = cfg.threshold, k  # complete graph: each self-mask seed has k holders (its owner's own share too)
     cheaters = data.draw(st.sets(st.integers(0, k - 1), max_size=3))
     silent = data.draw(st.sets(st.integers(0, k - 1), max_size=1)) - cheaters
     clients = [Client(u, cfg, Seeds(k).crypto("client", u)) for u in range(k)]

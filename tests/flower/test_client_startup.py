@@ -1,0 +1,72 @@
+"""A ClientApp process serves one message: the phases that do not train (the secure sum's masking
+and unmasking) must import neither torch nor scipy. Each phase's handler is run in a fresh
+interpreter on the message and node state a real round gave it, and the modules it loaded are
+listed. (Times: `dpfl bench flower`; no timed test here.)"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flower_helpers import SIGN_DP, config, loopback, require_row_contract
+
+from dpfl.flower.loopback import Loopback
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "scipy", "sklearn", "matplotlib", "dpfl.engine", "dpfl.schemes", "dpfl.models", "dpfl.data")
+
+_SCRIPT = """
+import json, pickle, sys
+from dpfl.flower.client import HANDLERS
+kind, content, state, node_config, run_config = pickle.load(open(sys.argv[1], "rb"))
+HANDLERS[kind](content, state, node_config, run_config)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "scipy", "sklearn", "matplotlib")
+                        or m.startswith(("dpfl.engine", "dpfl.schemes", "dpfl.models", "dpfl.data")))))
+"""
+
+
+class Capturing(Loopback):
+    """Keeps, for node 100, each message of round 1 with the node's state just before it."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: dict[str, bytes] = {}
+
+    def __call__(self, kind, contents, timeout, quorum=None):
+        if 100 in contents and kind not in self.seen:
+            self.seen[kind] = pickle.dumps((kind, contents[100], self.states[100], self.node_configs[100],
+                                            self.run_config))
+        return super().__call__(kind, contents, timeout, quorum)
+
+
+def _modules(tmp_path: Path, blob: bytes) -> list[str]:
+    f = tmp_path / "message.pkl"  # the test's own pickle, read by the test's own child
+    f.write_bytes(blob)
+    p = subprocess.run([sys.executable, "-c", _SCRIPT, str(f)], cwd=ROOT, capture_output=True, text=True,
+                       check=False)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def round_messages() -> dict[str, bytes]:
+    require_row_contract()
+    co, lb = loopback(config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3}), cls=Capturing)
+    co.run()
+    assert set(lb.seen) == {"query", "train.sa_train", "train.sa_mask", "train.sa_unmask", "evaluate"}
+    return lb.seen
+
+
+@pytest.mark.parametrize("kind", ["train.sa_mask", "train.sa_unmask"])
+def test_the_masking_and_unmasking_phases_load_no_training_code(tmp_path, round_messages, kind):
+    assert _modules(tmp_path, round_messages[kind]) == []
+
+
+def test_the_training_phase_loads_it(tmp_path, round_messages):
+    """The check above can fail: the phase that trains does import torch and the schemes."""
+    loaded = _modules(tmp_path, round_messages["train.sa_train"])
+    assert "torch" in loaded and "dpfl.schemes.round" in loaded

@@ -1,0 +1,190 @@
+"""A deployed run that survives: a lost site (tolerated as configured, at 3 sites), a site that
+restarts and rejoins, a server that is killed and resumes, and a run whose rounds all abort.
+In process (the ClientApp's handlers over `Loopback`); the same over a real SuperLink is in
+test_deployment.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+from flower_helpers import (
+    SIGN_DP,
+    config,
+    held_out_counts,
+    node_configs,
+    require_row_contract,
+    simulate,
+    site_files,
+)
+
+from dpfl.config import load_config
+from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY
+from dpfl.errors import ConfigError
+from dpfl.flower.coordinator import Coordinator
+from dpfl.flower.loopback import Loopback
+
+TOLERANT = {"name": "fl-sign-dp", "options": {**SIGN_DP["options"], "tolerate": 1}}
+
+
+class Crash(Exception):
+    """The ServerApp process dies (kill -9): nothing after this point runs."""
+
+
+def _federation(data: dict, **kw) -> tuple[Coordinator, Loopback]:
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)}, node_configs(data["data"]["n_clients"]))
+    co = Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lambda s: None, **kw)
+    return co, lb
+
+
+def _round_of(lb: Loopback, calls: int) -> int:
+    """The round of the exchange under way: secure rounds start with train.sa_train."""
+    return sum(kind == "train.sa_train" for kind, _ in lb.calls[:calls])
+
+
+def test_three_sites_survive_losing_one_and_the_lost_site_rejoins():
+    """kill of site 2 in round 2, after it trained and shared its keys (tolerate = 1): round 2
+    completes with the other two, exactly their sum; the site restarts with an empty state before
+    round 3, is refused for lack of keys there, greeted again, and answers from round 4 on. ε is
+    charged every round as in the simulator (the noise is calibrated for one lost share)."""
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 5, "clients_per_round": 3})
+    co, lb = _federation(data)
+
+    def before(kind: str, calls: int) -> None:
+        if kind == "train.sa_mask" and _round_of(lb, calls) == 2:
+            lb.kill(102)
+        if kind == "train.sa_train" and _round_of(lb, calls) == 3:
+            lb.restart(102)
+
+    lb.before = before
+    summary = co.run()
+    _, ref = simulate(data)
+    h = co.history
+    assert [m["answered"] for m in h] == [3, 2, 2, 3, 3]
+    assert [m["absent"] for m in h] == [[], [2], [2], [], []]
+    assert h[3]["rejoined"] == [2] and "rejoined" not in h[2]
+    assert all("aborted" not in m for m in h) and summary["rounds_aborted"] == 0
+    assert [m["epsilon"] for m in h] == [m["epsilon"] for m in ref]
+    assert h[0]["accuracy"] == ref[0]["accuracy"]  # round 1 is the simulator's round
+    assert summary["epsilon_final"] == ref[-1]["epsilon"]
+
+
+def test_a_restarted_site_under_a_new_node_id_takes_its_client_back():
+    """Without node authentication a restarted SuperNode gets a new node id: the server greets it
+    before the next round and serves its client there."""
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 3, "clients_per_round": 3})
+    co, lb = _federation(data)
+
+    def before(kind: str, calls: int) -> None:
+        if kind == "train.sa_mask" and _round_of(lb, calls) == 1:
+            lb.kill(101)
+        if kind == "train.sa_unmask" and _round_of(lb, calls) == 1:
+            lb.restart(101, new_id=201)
+
+    lb.before = before
+    co.run()
+    assert [m["answered"] for m in co.history] == [2, 3, 3]
+    assert co.history[1]["rejoined"] == [1] and co.node_of[1] == 201
+
+
+def test_a_node_cannot_take_a_client_that_is_still_served():
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 2, "clients_per_round": 3})
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)},
+                  {**node_configs(3), 300: {"partition-id": 0, "num-partitions": 3, "dpfl-seeded": True}})
+    lb.down.add(300)  # connects only after the hello
+    lines: list[str] = []
+    co = Coordinator(load_config(data=data), lb, [100, 101, 102], reproducible=True, log=lines.append)
+    lb.before = lambda kind, calls: lb.down.discard(300) if calls == 2 else None
+    co.run()
+    assert co.node_of[0] == 100 and [m["answered"] for m in co.history] == [3, 3]
+    assert any("node 300 claims client 0, which node 100 still serves: refused" in ln for ln in lines)
+
+
+def test_a_killed_server_resumes_with_its_ledger_and_ends_as_an_uninterrupted_run(tmp_path):
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 4, "clients_per_round": 3}, run={"checkpoint_every": 1})
+    out = tmp_path / "run"
+    co, lb = _federation(data, out_dir=out)
+
+    def before(kind: str, calls: int) -> None:
+        if _round_of(lb, calls) == 3 and kind == "train.sa_mask":
+            raise Crash
+
+    lb.before = before
+    with pytest.raises(Crash):
+        co.run()
+    assert len((out / METRICS).read_text().splitlines()) == 2 and (out / CHECKPOINT).is_file()
+    with pytest.raises(ConfigError, match="already holds a deployed run"):
+        _federation(data, out_dir=out)
+    other = config(SIGN_DP, federation={"rounds": 4, "clients_per_round": 3}, run={"checkpoint_every": 1}, seed=6)
+    with pytest.raises(ConfigError, match="differs from the one"):
+        _federation(other, out_dir=out, resume=True)
+    co2, _ = _federation(data, out_dir=out, resume=True)  # a new Flower run: the nodes' states are new
+    assert co2.sim.round == 2 and co2.sim.ledger.epsilon(1e-5) > 0
+    summary = co2.run()
+    sim, ref = simulate(data)
+    assert torch.equal(co2.sim.w, sim.w)
+    assert summary["epsilon_final"] == ref[-1]["epsilon"] and summary["rounds_run"] == 4
+    lines = [json.loads(ln) for ln in (out / METRICS).read_text().splitlines()]
+    assert [m["round"] for m in lines] == [1, 2, 3, 4]
+    assert [m["epsilon"] for m in lines] == [m["epsilon"] for m in ref]
+    assert [m["accuracy"] for m in lines] == [m["accuracy"] for m in ref]
+    assert {p.name for p in out.iterdir()} >= {CONFIG, METRICS, CHECKPOINT, SUMMARY}
+    assert json.loads((out / SUMMARY).read_text())["best"]["round"] in range(1, 5)
+
+
+def test_a_run_whose_rounds_all_abort_says_so():
+    """tolerate = 0 and one site lost for good: every round aborts; `answered` counts who answered,
+    and the summary's stop reason says that nothing was released."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 3, "clients_per_round": 3})
+    co, lb = _federation(data)
+    lb.before = lambda kind, calls: lb.kill(102) if kind == "train.sa_mask" else None
+    summary = co.run()
+    assert [m["answered"] for m in co.history] == [2, 2, 2]
+    assert all("aborted" in m for m in co.history) and summary["rounds_aborted"] == 3
+    assert summary["stopped"].startswith("all 3 rounds aborted")
+    assert co.sim.ledger.events == [] and summary["epsilon_final"] == 0
+
+
+def test_sites_on_their_own_files_with_federated_evaluation_match_the_simulator(tmp_path):
+    """Site 0 holds a CSV, sites 1 and 2 .npz files (training and held-out, as `dpfl data export`
+    writes them): the deployed run equals the simulator fed the same partition, and the sites'
+    evaluation counts add up to the global model's accuracy on the union of their held-out data."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 2, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)},
+                  {100 + i: {"partition-id": i, "num-partitions": 3, "dpfl-seeded": True, **files[i]} for i in files})
+    co = Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lambda s: None)
+    co.run()
+    sim, ref = simulate(data)
+    assert torch.equal(co.sim.w, sim.w)
+    last = co.history[-1]
+    want = held_out_counts(data, sim.w)
+    assert last["fed_sites"] == 3 and last["fed_examples"] == want["n"]
+    assert last["fed_accuracy"] == want["correct"] / want["n"]
+    assert last["accuracy"] == ref[-1]["accuracy"]  # the server's own evaluation, as in the simulator
+
+
+def test_a_site_file_the_model_cannot_take_is_one_line(tmp_path):
+    from dpfl.errors import DataError
+    from dpfl.flower.node import LocalClient, NodeSettings
+
+    data = config(SIGN_DP)
+    bad = tmp_path / "wide.npz"
+    np.savez(bad, x=np.zeros((5, 70), np.float32), y=np.zeros(5, np.int64))
+    with pytest.raises(DataError, match=r"wide.npz: model 'mlp' does not take its examples \(shape \[70\]\)"):
+        LocalClient(load_config(data=data), NodeSettings(0, str(bad)))
+    labels = tmp_path / "labels.npz"
+    np.savez(labels, x=np.zeros((5, 64), np.float32), y=np.full(5, 12, np.int64))
+    with pytest.raises(DataError, match=r"labels.npz: labels 12..12 \(multiclass\), the model predicts 10 classes"):
+        LocalClient(load_config(data=data), NodeSettings(0, str(labels)))
+    with pytest.raises(ConfigError, match="unknown node config keys"):
+        NodeSettings.parse({"partition-id": 0, "data_path": "x"}, 3)
