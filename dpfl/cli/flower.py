@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from dpfl.errors import DpflError
+from dpfl.errors import ConfigError, DpflError
 
 app = typer.Typer(help="Run dpfl configs on Flower's deployment runtime (SuperLink, SuperNodes, flwr run).",
                   no_args_is_help=True)
@@ -54,7 +54,8 @@ def certs_cmd(
     except DpflError as e:
         _fail(e)
     console.print(f"wrote {d / certs.CA_CERT}, {d / certs.SERVER_CERT}, {d / certs.SERVER_KEY}"
-                  + (f" and node-0 .. node-{nodes - 1} (+ .pub)" if nodes else ""))
+                  + (f", node-0 .. node-{nodes - 1} (+ .pub) and {certs.PEERS} (the approved keys, for every site)"
+                     if nodes else ""))
 
 
 @app.command("app")
@@ -66,13 +67,17 @@ def app_cmd(
     results: str = typer.Option("", help="directory where the ServerApp writes metrics, model and summary"),
     reproducible: bool = typer.Option(False, help="server randomness from the config seed (tests; not private)"),
     timeout: float = typer.Option(300.0, help="seconds to wait for each phase's replies"),
+    evaluation: str = typer.Option("both", help="server | federated | both: the global model on the server's "
+                                                "test data, on every site's held-out data added up, or both"),
+    resume: bool = typer.Option(False, help="continue the run in --results from its checkpoint (its ledger: "
+                                            "the ε spent is kept)"),
 ) -> None:
     """Write the Flower App (a pyproject.toml) that runs a dpfl config."""
     from dpfl.flower.appdir import write_app
 
     try:
         d = write_app(out_dir, _config_text(config, set_ or []), out_dir=results, reproducible=reproducible,
-                      timeout=timeout)
+                      timeout=timeout, evaluation=evaluation, resume=resume)
     except (DpflError, OSError) as e:
         _fail(e)
     console.print(f"wrote {d / 'pyproject.toml'}; run it with: flwr run {d} <connection> --stream")
@@ -80,7 +85,8 @@ def app_cmd(
 
 @app.command("local")
 def local_cmd(
-    config: Annotated[Path, typer.Option("--config", "-c", help="dpfl run config (TOML file or built-in name, e.g. deploy-demo); one SuperNode per client")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="dpfl run config (TOML file or built-in "
+                                                "name, e.g. deploy-demo); one SuperNode per client")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key, e.g. "
                                                                  "--set federation.rounds=5")] = None,
     workdir: Annotated[Path | None, typer.Option(help="where the app, certificates, logs and results go "
@@ -90,20 +96,34 @@ def local_cmd(
     reproducible: bool = typer.Option(False, help="seed all randomness from the config (NOT private): the "
                                                   "result then equals `dpfl run` and is compared with it"),
     timeout: float = typer.Option(1800.0, help="seconds the whole run may take"),
+    evaluation: str = typer.Option("both", help="server | federated | both (see `dpfl flower app`)"),
+    resume: Annotated[Path | None, typer.Option(help="continue the run in this workdir from its checkpoint "
+                                                     "(a new federation; the config and ledger are the run's)")] = None,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
     from dpfl.bench.flower import compare, table
     from dpfl.flower.local import run_local
 
     try:
-        text = _config_text(config, set_ or [])
-        work = workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
-        if reproducible:
+        if resume is not None:
+            if config is not None or set_ or workdir is not None or reproducible:
+                raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
+                                  "--set, --workdir and --reproducible")
+            res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
+                            log=console.print)
+            work = resume
+            for m in res["metrics"]:
+                console.print(m)
+        elif config is None:
+            raise ConfigError("give --config (a run config) or --resume WORKDIR")
+        elif reproducible:
+            text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, log=console.print)
             table(res, console)
             console.print(f"final model equals the simulator's: {res['equal']} (max |Δw| = {res['max_abs_diff']:.3g})")
         else:
-            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, log=console.print)
+            text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
+            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, log=console.print)
             for m in res["metrics"]:
                 console.print(m)
     except DpflError as e:

@@ -7,6 +7,12 @@
                             SuperNode signs its requests with node-<i>; the SuperLink only
                             accepts nodes whose node-<i>.pub was registered
                             (`flwr supernode register node-<i>.pub <connection>`)
+    peers.toml              the same public keys by partition id, `"<i>" = "ecdsa-sha2-nistp384
+                            AAAA..."`: the operator-approved list every site's `peers` node
+                            config points to (signed secure rounds, docs/threat-model.md)
+
+The node key also binds the site's per-run signing key of the secure sum (`bind`,
+`check_binding`): an ECDSA P-384/SHA-384 signature over a domain-separated statement.
 
 For local use and tests: a real deployment's certificate comes from the organisation's CA,
 and each node generates its own key and hands over only the public half. Private keys are
@@ -16,11 +22,18 @@ written with mode 0600.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
 import os
+import re
+import struct
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -29,6 +42,9 @@ from dpfl.errors import ConfigError
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "server.pem", "server.key"
+PEERS = "peers.toml"
+BINDING_DOMAIN = b"dpfl-secagg-signing-key"
+BINDING_MAX_BYTES = 120  # a DER ECDSA P-384 signature has at most 104
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey, fmt: serialization.PrivateFormat) -> None:
@@ -81,7 +97,8 @@ def make_tls(out_dir: str | Path, hosts: tuple[str, ...] = ("127.0.0.1", "localh
 
 
 def make_node_keys(out_dir: str | Path, n: int) -> list[tuple[Path, Path]]:
-    """Write node-<i> (private) and node-<i>.pub (public) for i < n; returns the pairs of paths."""
+    """Write node-<i> (private) and node-<i>.pub (public) for i < n, and peers.toml listing the
+    public keys by partition id; returns the pairs of paths."""
     if n < 1:
         raise ConfigError(f"number of node keys must be ≥ 1, got {n}")
     d = Path(out_dir)
@@ -94,4 +111,114 @@ def make_node_keys(out_dir: str | Path, n: int) -> list[tuple[Path, Path]]:
         pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                       serialization.PublicFormat.OpenSSH) + b"\n")
         out.append((priv, pub))
+    write_peers(d / PEERS, {i: pub.read_text() for i, (_, pub) in enumerate(out)})
     return out
+
+
+# ---------------------------------------------------------------- the peers file and the node key
+
+
+def _p384_public(text: str, what: str) -> ec.EllipticCurvePublicKey:
+    try:
+        key = serialization.load_ssh_public_key(text.strip().encode())
+    except (ValueError, UnsupportedAlgorithm) as e:
+        raise ConfigError(f"{what}: not an OpenSSH public key ({e})") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
+        raise ConfigError(f"{what}: must be an EC P-384 key (ecdsa-sha2-nistp384), as `dpfl flower certs` and "
+                          "`ssh-keygen -t ecdsa -b 384` make")
+    return key
+
+
+def ssh_line(key: ec.EllipticCurvePublicKey) -> str:
+    return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def write_peers(path: str | Path, keys: dict[int, str]) -> Path:
+    """peers.toml: client id → OpenSSH public key line (checked, comments dropped)."""
+    lines = []
+    for cid, text in sorted(keys.items()):
+        key = _p384_public(text, f"client {cid}: public key")
+        lines.append(f'"{int(cid)}" = "{ssh_line(key)}"')
+    Path(path).write_text("# operator-approved SuperNode keys by partition id (dpfl signed secure rounds)\n"
+                          + "\n".join(lines) + "\n")
+    return Path(path)
+
+
+def read_peers(path: str | Path) -> dict[int, ec.EllipticCurvePublicKey]:
+    """The peers file: client id → its registered EC P-384 public key; ConfigError naming the problem."""
+    what = f"peers file {path}"
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read it ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what}: not valid TOML ({e})") from None
+    out: dict[int, ec.EllipticCurvePublicKey] = {}
+    seen: dict[tuple[int, int], int] = {}
+    for cid, text in data.items():
+        if not re.fullmatch(r"0|[1-9][0-9]{0,9}", cid) or not isinstance(text, str):
+            raise ConfigError(f'{what}: entries must be "<partition id>" = "ecdsa-sha2-nistp384 AAAA...", got {cid!r}')
+        key = out[int(cid)] = _p384_public(text, f"{what}, client {cid}")
+        nums = key.public_numbers()
+        if (nums.x, nums.y) in seen:
+            raise ConfigError(f"{what}: clients {seen[nums.x, nums.y]} and {cid} have the same key")
+        seen[nums.x, nums.y] = int(cid)
+    if not out:
+        raise ConfigError(f"{what}: lists no keys")
+    return out
+
+
+def load_node_key(path: str | Path) -> ec.EllipticCurvePrivateKey:
+    """A SuperNode's EC P-384 private key (OpenSSH format, unencrypted: the file given to
+    `flower-supernode --auth-supernode-private-key`)."""
+    what = f"node config signing-key {path}"
+    try:
+        key = serialization.load_ssh_private_key(Path(path).read_bytes(), None)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read it ({e.strerror})") from None
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise ConfigError(f"{what}: not an unencrypted OpenSSH private key ({e})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp384r1":
+        raise ConfigError(f"{what}: must be an EC P-384 key, as `dpfl flower certs` and `ssh-keygen -t ecdsa -b 384` "
+                          "make")
+    return key
+
+
+def signing_files(node_config: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Node config `signing-key` and `peers` (paths; both or neither): a node that signs its
+    secure rounds and accepts no unsigned one. ConfigError for half of the pair."""
+    key, peers = node_config.get("signing-key"), node_config.get("peers")
+    for name, v in (("signing-key", key), ("peers", peers)):
+        if v is not None and (not isinstance(v, str) or not v):
+            raise ConfigError(f"node config {name} must be a non-empty path, got {v!r}")
+    if (key is None) != (peers is None):
+        raise ConfigError("node config signing-key and peers go together: the site's OpenSSH private key "
+                          "(--auth-supernode-private-key) and the operator's peers.toml")
+    return None if key is None else (key, peers)
+
+
+def same_key(a: ec.EllipticCurvePublicKey, b: ec.EllipticCurvePublicKey) -> bool:
+    return a.public_numbers() == b.public_numbers()
+
+
+# ---------------------------------------------------------------- binding a signing key to the node key
+
+
+def binding_statement(config_text: str, cid: int, verification_key: bytes) -> bytes:
+    """What a site's node key signs: its client id's Ed25519 key for runs of this config."""
+    return (BINDING_DOMAIN + hashlib.sha256(config_text.encode()).digest() + struct.pack("<I", cid)
+            + verification_key)
+
+
+def bind(node_key: ec.EllipticCurvePrivateKey, config_text: str, cid: int, verification_key: bytes) -> bytes:
+    """ECDSA P-384/SHA-384 signature (DER) of `binding_statement`."""
+    return node_key.sign(binding_statement(config_text, cid, verification_key), ec.ECDSA(hashes.SHA384()))
+
+
+def check_binding(node_public: ec.EllipticCurvePublicKey, binding: bytes, config_text: str, cid: int,
+                  verification_key: bytes) -> bool:
+    try:
+        node_public.verify(binding, binding_statement(config_text, cid, verification_key), ec.ECDSA(hashes.SHA384()))
+    except (InvalidSignature, ValueError):
+        return False
+    return True

@@ -3,7 +3,9 @@
 Message types (content records in `wire`):
 
     query              hello: client id, data size, the scheme it built; for secure schemes also
-                       its two X25519 public keys of every round (advertised ahead of time)
+                       its two X25519 public keys of every round (advertised ahead of time) and,
+                       on a signing node, its Ed25519 key of the run, that key's binding to the
+                       registered node key, and its signatures of the round keys
     train.statistic    schemes whose step needs a round statistic first (FSVRG): the client's row
                        of it (its full local gradient); the server's combination of the rows
                        then comes with the training message, checked (finite float32 [n])
@@ -12,7 +14,10 @@ Message types (content records in `wire`):
                        node); Shamir shares of the round's mask key and self-mask seed,
                        encrypted to its neighbours
     train.sa_mask      phase 2: the masked input y = x + masks mod 2^b
-    train.sa_unmask    phase 3: the shares the server needs to remove the masks of the survivors
+    train.sa_consistency  signed rounds only: its signature of the survivor list (kept on the
+                       node: it unmasks for that list only)
+    train.sa_unmask    the shares the server needs to remove the masks of the survivors (signed:
+                       with at least max(t, min_survivors) survivors' signatures of the list)
     evaluate           federated evaluation: the global model on the site's held-out data (its
                        test-path file, or its part of the built-in test set), as counts
 
@@ -21,6 +26,10 @@ each round's key (`party.round_key`) and thus `party.Party` are rebuilt, the enc
 messages of earlier phases. Phases come in order and once each; a round key is never used for
 two rounds, and the round's state is deleted after unmasking, so a client never answers two
 unmask requests.
+
+Signed rounds (node config `signing-key` and `peers`, docs/threat-model.md): every binding in
+the plan is checked against this node's own peers file in every phase, and a node with `peers`
+refuses an unsigned secure round (no downgrade).
 """
 
 from __future__ import annotations
@@ -38,8 +47,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from dpfl.errors import ConfigError, ProtocolError
-from dpfl.flower import STARTED, wire
-from dpfl.flower.party import Party, plan_digest, round_key, round_public_keys
+from dpfl.flower import STARTED, certs, wire
+from dpfl.flower.party import (
+    Party,
+    plan_digest,
+    plan_signing_keys,
+    round_key,
+    round_public_keys,
+    sign_round_keys,
+    signing_key,
+)
+from dpfl.secagg import keys as kx
 
 _IMPORTED = time.time()
 
@@ -99,7 +117,26 @@ def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_conf
             state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0})
         keys = round_public_keys(state[NODE]["secret"], c.cfg.federation.rounds)
         reply["enc_pk"], reply["mask_pk"] = [k[0] for k in keys], [k[1] for k in keys]
+        files = certs.signing_files(node_config)
+        if files is not None:
+            signing = _signing_hello(files, state[NODE]["secret"], c.cid, run_config_text(run_config), keys)
+            reply.update(dict(zip(wire.SIGNING_FIELDS, signing)))
     return RecordDict({wire.REPLY: reply})
+
+
+def _signing_hello(files: tuple[str, str], secret: bytes, cid: int, config_text: str,
+                   keys: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes, list[bytes]]:
+    """A signing node's hello: its run's Ed25519 key, the key's binding by the node key (which
+    must be the one its peers file lists for it), and its signatures of the round keys."""
+    key_path, peers_path = files
+    node_key = certs.load_node_key(key_path)
+    peers = certs.read_peers(peers_path)
+    if cid not in peers or not certs.same_key(peers[cid], node_key.public_key()):
+        raise ConfigError(f"node config signing-key {key_path} is not the key peers file {peers_path} lists for "
+                          f"client {cid}")
+    signer = signing_key(secret)
+    vk = kx.verification_bytes(signer)
+    return vk, certs.bind(node_key, config_text, cid, vk), sign_round_keys(signer, cid, keys)
 
 
 def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping):
@@ -170,9 +207,38 @@ def _phase_state(state: RecordDict, plan: wire.RoundPlan, expect: str) -> Config
     return st
 
 
-def _round_key(state: RecordDict, r: int) -> bytes:
+def _secret(state: RecordDict, r: int) -> bytes:
     if NODE not in state:
         raise ProtocolError(f"round {r}: this node has not advertised keys (no hello this run)")
+    return state[NODE]["secret"]
+
+
+Signing = tuple[Any, dict[int, bytes]]  # (this node's Ed25519 signer, position → checked Ed25519 key)
+
+
+def _signing(state: RecordDict, plan: wire.RoundPlan, node_config: Mapping, run_config: Mapping) -> Signing | None:
+    """The signing of a secure round, None if it is unsigned. A node with `peers` takes signed
+    rounds only, with every binding checked against its peers file; a node without cannot check
+    a signed plan."""
+    files = certs.signing_files(node_config)
+    if files is None:
+        if plan.signed:
+            raise ProtocolError(f"round {plan.round}: a signed plan, but this node has no peers file to check its "
+                                "keys (node config signing-key, peers)")
+        return None
+    if not plan.signed:
+        raise ProtocolError(f"round {plan.round}: an unsigned secure round, but this node signs its rounds (node "
+                            "config peers): refused")
+    keys = plan_signing_keys(plan, certs.read_peers(files[1]), run_config_text(run_config))
+    signer = signing_key(_secret(state, plan.round))
+    if keys[plan.index] != kx.verification_bytes(signer):
+        raise ProtocolError(f"round {plan.round}: the plan gives this client (client {plan.cohort[plan.index]}) a "
+                            "signing key that is not its own")
+    return signer, keys
+
+
+def _round_key(state: RecordDict, r: int) -> bytes:
+    _secret(state, r)
     node = state[NODE]
     if r <= node["last_round"]:
         raise ProtocolError(f"round {r}: this client already took part in round {node['last_round']}; "
@@ -184,6 +250,7 @@ def _round_key(state: RecordDict, r: int) -> bytes:
 def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
     from dpfl.flower.node import check_round_config, encode_words, round_secagg
 
+    signing = _signing(state, wire.RoundPlan.from_record(content[wire.PLAN]), node_config, run_config)  # before training
     c, plan, u, ctx = _train(content, state, node_config, run_config)
     k, d = plan.answering, int(u.shape[1])
     if k != len(plan.cohort):
@@ -194,10 +261,10 @@ def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_c
                           "would hide; use the plain transport")
     sa = round_secagg(c.scheme.transport, k, d)
     words, bits = encode_words(sa, u, k, ctx.numpy_rng("secagg-round"), plan.index if c.node.seeded else None)
-    rc = plan.round_config(d, bits)
+    rc = plan.round_config(d, bits, None if signing is None else signing[1])
     check_round_config(sa, rc)
     keys = wire.read_keys(content["keys"])
-    share = Party(rc, plan.index, _round_key(state, plan.round)).share(keys)
+    share = Party(rc, plan.index, _round_key(state, plan.round), None if signing is None else signing[0]).share(keys)
     st = ConfigRecord({"round": plan.round, "digest": plan_digest(plan), "phase": "shared", "d": d, "bits": bits})
     for name, value in wire.keys_record(keys).items():
         st["keys_" + name] = value
@@ -206,32 +273,59 @@ def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_c
     return RecordDict({wire.SECAGG: wire.share_record(share), wire.REPLY: ConfigRecord({"d": d, "bits": bits})})
 
 
-def _stored_keys(st: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
-    return wire.read_keys(ConfigRecord({n: st["keys_" + n] for n in ("ids", "enc_pk", "mask_pk")}))
+def _stored_keys(st: ConfigRecord) -> dict[int, tuple[bytes, ...]]:
+    return wire.read_keys(ConfigRecord({n: st["keys_" + n] for n in ("ids", "enc_pk", "mask_pk", "sig")
+                                        if "keys_" + n in st}))
 
 
-def _party(state: RecordDict, plan: wire.RoundPlan) -> Party:
-    return Party(plan.round_config(), plan.index, round_key(state[NODE]["secret"], plan.round))
+def _stored_inbox(st: ConfigRecord) -> dict[int, bytes]:
+    return wire.read_inbox(ConfigRecord({"ids": st["inbox_ids"], "ct": st["inbox_ct"]}))
+
+
+def _party(state: RecordDict, plan: wire.RoundPlan, signing: Signing | None) -> Party:
+    if signing is None:
+        return Party(plan.round_config(), plan.index, round_key(state[NODE]["secret"], plan.round))
+    return Party(plan.round_config(signing_keys=signing[1]), plan.index, round_key(state[NODE]["secret"], plan.round),
+                 signing[0])
 
 
 def sa_mask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
     plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    signing = _signing(state, plan, node_config, run_config)
     st = _phase_state(state, plan, "shared")
     inbox = wire.read_inbox(content["inbox"])
-    msg = _party(state, plan).masked(_stored_keys(st), inbox, state[WORDS]["w"].numpy())
+    msg = _party(state, plan, signing).masked(_stored_keys(st), inbox, state[WORDS]["w"].numpy())
     st["phase"] = "masked"
     st["inbox_ids"], st["inbox_ct"] = wire.inbox_record(inbox)["ids"], wire.inbox_record(inbox)["ct"]
     del state[WORDS]
     return RecordDict({wire.SECAGG: wire.masked_record(msg)})
 
 
-def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+def sa_consistency(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    """A signed round's consistency check: sign the survivor list, once; the list is kept."""
     plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    signing = _signing(state, plan, node_config, run_config)
+    if signing is None:
+        raise ProtocolError(f"round {plan.round}: a consistency check in a round without signatures")
     st = _phase_state(state, plan, "masked")
     request = wire.read_request(content["request"])
+    try:
+        msg = _party(state, plan, signing).sign(_stored_keys(st), _stored_inbox(st), request)
+    except ProtocolError:
+        del state[STATE]  # a list it refuses to sign: it leaves the round
+        raise
+    st["phase"], st["signed"] = "signed", sorted(request.survivors)
+    return RecordDict({wire.SECAGG: wire.signature_record(msg)})
+
+
+def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    signing = _signing(state, plan, node_config, run_config)
+    st = _phase_state(state, plan, "masked" if signing is None else "signed")
+    request = wire.read_request(content["request"])
     del state[STATE]  # answer at most once, whatever happens next
-    inbox = wire.read_inbox(ConfigRecord({"ids": st["inbox_ids"], "ct": st["inbox_ct"]}))
-    msg = _party(state, plan).unmask(_stored_keys(st), inbox, request)
+    signed = None if signing is None else frozenset(st["signed"])  # the list it signed, the only one it unmasks
+    msg = _party(state, plan, signing).unmask(_stored_keys(st), _stored_inbox(st), request, signed)
     return RecordDict({wire.SECAGG: wire.unmask_record(msg)})
 
 
@@ -251,11 +345,16 @@ HANDLERS: dict[str, Handler] = {
     "train": train_plain,
     "train.sa_train": sa_train,
     "train.sa_mask": sa_mask,
+    "train.sa_consistency": sa_consistency,
     "train.sa_unmask": sa_unmask,
     "evaluate": evaluate,
 }
 
 # ---------------------------------------------------------------- the Flower ClientApp
+
+# the messages that train run in the site's worker (`dpfl.flower.worker`), which keeps torch and the
+# site's data loaded between messages; DPFL_SITE_WORKER=0 runs them in the ClientApp process instead
+SITE_WORKER_KINDS = ("query", "train", "train.statistic", "train.sa_train", "evaluate")
 
 app = ClientApp()
 
@@ -272,7 +371,13 @@ def process_age() -> float:
 
 def _answer(kind: str, msg: Message, context: Context) -> Message:
     t0, age = time.time(), process_age()
-    content = HANDLERS[kind](msg.content, context.state, context.node_config, context.run_config)
+    if kind in SITE_WORKER_KINDS and os.environ.get("DPFL_SITE_WORKER", "1") != "0":
+        from dpfl.flower import worker  # this site's training process, kept alive between messages
+
+        content = worker.call(kind, msg.content, context.state, context.node_config, context.run_config,
+                              context.run_id, context.node_id)
+    else:
+        content = HANDLERS[kind](msg.content, context.state, context.node_config, context.run_config)
     work = time.time() - t0
     # where this process's time went: Flower's launch (process start to this module), importing
     # this module, the handler's work (lazy imports of training code included)
@@ -309,6 +414,11 @@ def _sa_train(msg: Message, context: Context) -> Message:
 @app.train("sa_mask")
 def _sa_mask(msg: Message, context: Context) -> Message:
     return _answer("train.sa_mask", msg, context)
+
+
+@app.train("sa_consistency")
+def _sa_consistency(msg: Message, context: Context) -> Message:
+    return _answer("train.sa_consistency", msg, context)
 
 
 @app.train("sa_unmask")

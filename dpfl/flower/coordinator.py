@@ -8,9 +8,10 @@ drives the same round as the simulator, with `send` reaching the clients by mess
     → gather (schemes whose step needs a round statistic, FSVRG): "train.statistic" → each
             client's row → the step's combination (in run_round), sent with the training message
     → send, plain:  "train" → each client's codec payload → codec.decode → Received(rows)
-            secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask" → "train.sa_unmask"
+            secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask"
+                    [→ "train.sa_consistency", signed rounds] → "train.sa_unmask"
                     → `secagg.protocol.Server.finish` → Received(sum); the round's public keys were
-                    advertised in the hello, so a round costs three exchanges
+                    advertised in the hello, so a round costs three exchanges (four signed)
     → the scheme's aggregator → server chain (reversed) → ledger, metrics; then w ← w + Δ, evaluation.
 
 It talks to clients through an `Exchange` (send one content per node, collect the replies);
@@ -19,6 +20,12 @@ A round whose secure sum cannot complete (too few clients at some phase, or shar
 corrected and verified: `RoundAborted`) releases nothing: the model stays as it was and no
 privacy event is recorded (the rule of `run_round`, the same in the simulator). A client's
 malformed reply only drops that client (docs/threat-model.md).
+
+Signed rounds: when every node's hello carries a signing key bound to its registered node key
+(node config `signing-key`, `peers`), secure rounds are signed: the plan carries every cohort
+member's key and binding (each client checks them against its own peers file), advertised keys
+are signed, and each survivor signs the survivor list before unmasking. Some nodes signing and
+others not is a ConfigError at start.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, run_round
 from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
-from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server
+from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server, keys_statement
 from dpfl.secagg.simulate import make_config
 
 MODEL = "model.pt"
@@ -100,6 +107,8 @@ class Coordinator:
         self.node_of: dict[int, int] = {}
         self.sizes = np.zeros(cfg.data.n_clients, dtype=np.int64)
         self.round_keys: dict[int, list[tuple[bytes, bytes]]] = {}  # client → (enc, mask) public keys per round
+        self.signing: dict[int, tuple[bytes, bytes, list[bytes]]] = {}  # client → (Ed25519 key, binding, key sigs)
+        self.signed: bool | None = None  # secure rounds are signed (decided at the hello)
         self.history: list[dict[str, Any]] = []
         self.bytes = {"up": 0, "down": 0}  # serialized message bytes of the current round
         self.phases: dict[str, dict[str, float]] = {}  # this round's exchanges: wall and ClientApp time split
@@ -140,13 +149,25 @@ class Coordinator:
                                   "ids must be distinct")
             self.node_of[cid] = node
             seeded.add(is_seeded)
+        self.signed = self._signing_policy()
         if self.reproducible and seeded != {True}:
             self.log("note: reproducible server but unseeded clients: results will not match the simulator")
         if not self.reproducible and True in seeded:
             self.log("WARNING: some clients run with dpfl-seeded = true: their noise is derivable from the seed")
 
+    def _signing_policy(self) -> bool:
+        """Secure rounds are signed iff every node's hello carries a signing key; some and not
+        others is a ConfigError (no client would take the rounds of the other kind)."""
+        signing = {cid for cid in self.node_of if cid in self.signing}
+        if signing and signing != set(self.node_of):
+            raise ConfigError(f"clients {sorted(signing)} sign their secure rounds (node config signing-key, peers), "
+                              f"clients {sorted(set(self.node_of) - signing)} do not: configure every node alike")
+        if signing:
+            self.log(f"secure rounds are signed: {len(signing)} clients' signing keys bound to their registered keys")
+        return bool(signing)
+
     def _greet(self, node: int, content: RecordDict) -> tuple[int, bool]:
-        """One node's hello: (client id, seeded); its data size and round keys are kept."""
+        """One node's hello: (client id, seeded); its data size, round keys and signing key are kept."""
         n = self.cfg.data.n_clients
         h = wire.read_hello(content, self.cfg.federation.rounds, self.scheme.transport.secure)
         cid = h["cid"]
@@ -155,6 +176,19 @@ class Coordinator:
         if h["describe"] != self.scheme.describe():
             raise ConfigError(f"client {cid} built {h['describe']!r}, the server {self.scheme.describe()!r}: "
                               "configs differ")
+        signing = h["signing"]
+        if self.signed is not None and self.signed != (signing is not None):
+            raise ConfigError(f"client {cid} {'does not sign' if self.signed else 'signs'} its secure rounds, this run's "
+                              f"are {'signed' if self.signed else 'unsigned'}")
+        if signing is not None:
+            vk, _, sigs = signing
+            bad = [r for r, ((enc, mask), sig) in enumerate(zip(h["keys"], sigs), start=1)
+                   if not kx.verify(vk, sig, keys_statement(r, cid, enc, mask))]
+            if bad:
+                raise ProtocolError(f"client {cid}: its round keys of rounds {bad} are not signed by its signing key")
+            self.signing[cid] = signing
+        else:
+            self.signing.pop(cid, None)
         self.sizes[cid], self.round_keys[cid] = h["size"], h["keys"]
         return cid, h["seeded"]
 
@@ -246,8 +280,6 @@ class Coordinator:
                 self.aborted += 1
                 self.log(f"round {r}: {m['aborted']}; nothing released, the model is unchanged")
         m["absent"] = sorted(int(c) for c in cohort if int(c) not in self.answered)  # asked, not in the result
-        for kind, split in self.phases.items():  # per exchange: wall time, and the slowest ClientApp's split
-            m.update({f"flower_{kind}_{part}_seconds": round(v, 4) for part, v in split.items()})
         if back:
             m["rejoined"] = back
         sim.round = r
@@ -260,6 +292,8 @@ class Coordinator:
             if self.evaluation != "server":
                 m.update(self.federated_evaluation(r))
             sim._update_best(m)
+        for kind, split in self.phases.items():  # per exchange: wall time, and the slowest ClientApp's split
+            m.update({f"flower_{kind}_{part}_seconds": round(v, 4) for part, v in split.items()})
         m["round_seconds"] = round(time.perf_counter() - t0, 4)
         return m
 
@@ -405,11 +439,15 @@ class Coordinator:
         graph = dict(shape.neighbours)
         sec = {"bits": 0, "d": 0, "threshold": shape.threshold, "min_survivors": shape.min_survivors, "graph": graph}
         node_at = {i: self.node_of[int(c)] for i, c in enumerate(cohort)}
+        signed = bool(self.signed)
+        vks = {i: self.signing[int(c)][0] for i, c in enumerate(cohort)} if signed else None
+        if signed:  # each member's key and binding, for every client to check against its peers file
+            sec.update(signing_keys=[vks[i] for i in range(k)], bindings=[self.signing[int(c)][1] for c in cohort])
         adv = {}
         for i, c in enumerate(cohort):  # keys of small order are rejected here: that client sits the round out
             try:
                 keys = [kx.check_public(pk, f"client {int(c)}") for pk in self.round_keys[int(c)][r - 1]]
-                adv[i] = AdvertiseKeys(i, r, *keys)
+                adv[i] = AdvertiseKeys(i, r, *keys, self.signing[int(c)][2][r - 1] if signed else b"")
             except ProtocolError as e:
                 self.log(f"round {r}: rejected client {int(c)}: {e}")
         models = self.models(ctx)
@@ -418,7 +456,10 @@ class Coordinator:
             return {node_at[i]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i, sec), **extra(i)}) for i in ids}
 
         # phase 1: train, encode, share keys with the neighbours (keys advertised in the hello)
-        neighbour_keys = {i: {v: (adv[v].enc_pk, adv[v].mask_pk) for v in graph[i] if v in adv} for i in adv}
+        def entry(a: AdvertiseKeys) -> tuple[bytes, ...]:
+            return (a.enc_pk, a.mask_pk, a.signature) if signed else (a.enc_pk, a.mask_pk)
+
+        neighbour_keys = {i: {v: entry(adv[v]) for v in graph[i] if v in adv} for i in adv}
         need = shape.min_survivors  # once this many have answered a phase, the rest get a short grace
         replies = self.send("train.sa_train", contents(sorted(adv), lambda i: {
             **models, "keys": wire.keys_record(neighbour_keys[i])}), need)
@@ -441,7 +482,8 @@ class Coordinator:
             raise RoundAborted(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
         sec.update(bits=bits, d=d)
         transport.bits_per_value = bits  # the round's width on the wire (as SecureSum.transmit records it)
-        server = Server(RoundConfig(r, k, d, bits, shape.neighbours, shape.threshold, shape.min_survivors),
+        ids = {i: int(c) for i, c in enumerate(cohort)} if signed else None
+        server = Server(RoundConfig(r, k, d, bits, shape.neighbours, shape.threshold, shape.min_survivors, vks, ids),
                         workers=default_workers())
         proto = np.array([adv[i].wire_nbytes if i in adv else 0 for i in range(k)], dtype=np.int64)  # sent with the hello
 
@@ -474,11 +516,25 @@ class Coordinator:
                 sent[i] = msg.wire_nbytes
         self.answered = {int(cohort[i]) for i in range(k) if sent[i]}
         request = server.close_masked()
-        # phase 3: unmasking
+        if signed:  # consistency check: each survivor signs the survivor list; unmasking needs enough signatures
+            req = wire.request_record(request)
+            replies = self.send("train.sa_consistency", contents(sorted(request.survivors), lambda i: {"request": req}),
+                                need)
+            signers = set()
+            for i in sorted(request.survivors):
+                msg = self.read(r, int(cohort[i]), replies.get(node_at[i]),
+                                lambda m: wire.read_signature(m[wire.SECAGG]))
+                if msg and take(i, msg):
+                    proto[i] += msg.wire_nbytes
+                    signers.add(int(cohort[i]))
+            self.answered = signers
+            request = server.close_consistency()
+        # phase 3 (4 signed): unmasking, asked of the survivors (signed: of those that signed the list)
         req = wire.request_record(request)
-        replies = self.send("train.sa_unmask", contents(sorted(request.survivors), lambda i: {"request": req}), need)
+        asked = sorted(request.signatures) if signed else sorted(request.survivors)
+        replies = self.send("train.sa_unmask", contents(asked, lambda i: {"request": req}), need)
         unmasked = set()
-        for i in sorted(request.survivors):
+        for i in asked:
             msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_unmask(m[wire.SECAGG]))
             if msg and take(i, msg):
                 proto[i] += msg.wire_nbytes

@@ -172,6 +172,9 @@ class LocalFederation:
         items: dict[str, object] = {"partition-id": i, "num-partitions": self.n}
         if self.seeded:
             items["dpfl-seeded"] = True
+        if self.auth:  # the registered key also signs the secure-aggregation rounds (docs/threat-model.md)
+            items["signing-key"] = str(self.certs_dir / f"node-{i}")
+            items["peers"] = str(self.certs_dir / certs.PEERS)
         items.update(self.extra.get(i, {}))
         return " ".join(f"{k}={_toml(v)}" for k, v in items.items())
 
@@ -352,43 +355,89 @@ def _toml(v: object) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def run_local(config_text: str, workdir: str | Path, *, tls: bool = True, auth: bool = False,
-              reproducible: bool = False, data_paths: dict[int, str] | None = None, timeout: float = 1800.0,
-              log=print) -> dict:
+def raise_if_unfinished(workdir: str | Path, log_text: str = "", rounds: int | None = None) -> dict:
+    """The summary of the deployed run in `workdir/out`. FederationError, saying how to resume, if
+    the ServerApp stopped before the end (no summary, or fewer rounds than planned and no stop
+    reason); FederationError with the reason if every round aborted."""
+    import json
+
+    from dpfl.engine.simulator import SUMMARY
+
+    work = Path(workdir).absolute()
+    out, logs = work / "out", work / "federation" / "logs"
+    resume = f"resume it with `dpfl flower local --resume {work}`"
+    if not (out / SUMMARY).is_file():
+        tail = f"; the run's log ends with:\n{log_text[-3000:]}\n" if log_text else " "
+        raise FederationError(f"the ServerApp stopped before the end of the run{tail}(logs: {logs}); {resume}")
+    summary = json.loads((out / SUMMARY).read_text())
+    if rounds is not None and summary.get("rounds_run", 0) < rounds and summary.get("stopped") is None:
+        raise FederationError(f"the ServerApp stopped after round {summary.get('rounds_run')} of {rounds}; {resume}")
+    if (summary.get("stopped") or "").startswith("all "):
+        raise FederationError(f"{summary['stopped']} (logs: {logs})")
+    return summary
+
+
+def _was_reproducible(app_dir: Path) -> bool:
+    """Whether the run written to `app_dir` was seeded (its resume must be too)."""
+    import tomllib
+
+    from dpfl.flower.appdir import PYPROJECT
+
+    try:
+        doc = tomllib.loads((app_dir / PYPROJECT).read_text())
+        return bool(doc["tool"]["flwr"]["app"]["config"]["reproducible"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return False
+
+
+def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True, auth: bool = False,
+              reproducible: bool = False, data_paths: dict[int, str] | None = None,
+              node_config: dict[int, dict[str, object]] | None = None, timeout: float = 1800.0,
+              resume: bool = False, evaluation: str = "both", log=print) -> dict:
     """Run a dpfl config on a local federation (one SuperNode per client) and tear it down.
 
     reproducible: seeded clients and server (the simulator's randomness: comparable with
-    `dpfl run` bit for bit, and NOT private). data_paths: client id → .npz file (else each
-    client takes its partition of the configured dataset). Returns the per-round metrics, the
-    summary, the final model `w`, the wall and CPU seconds of the run, and the commands used.
+    `dpfl run` bit for bit, and NOT private). data_paths: client id → its data file (else each
+    client takes its partition of the configured dataset); node_config: more node config keys per
+    client (test-path, ...). resume: continue the run in `workdir/out` from its checkpoint (the
+    config is the run's own, `config_text` must be None or the same). Returns the per-round
+    metrics, the summary, the final model `w`, the wall and CPU seconds of the run, and the commands.
     """
     import json
 
     import torch
 
-    from dpfl.engine.simulator import METRICS, SUMMARY
+    from dpfl.engine.simulator import CONFIG, METRICS, SUMMARY
     from dpfl.flower.appdir import write_app
     from dpfl.flower.client import parse_run_config
     from dpfl.flower.coordinator import MODEL
 
-    cfg = parse_run_config(config_text)
     work = Path(workdir).absolute()
     out = work / "out"
+    if resume:
+        if not (out / CONFIG).is_file():
+            raise ConfigError(f"{work} holds no deployed run to resume (no {out / CONFIG})")
+        config_text = (out / CONFIG).read_text()
+        reproducible = _was_reproducible(work / "app")
+    elif config_text is None:
+        raise ConfigError("a local federation needs a config")
+    cfg = parse_run_config(config_text)
     app_dir = write_app(work / "app", config_text, out_dir=str(out), reproducible=reproducible,
-                        timeout=min(timeout, 600.0))
-    extra = {i: {"data-path": str(Path(p).absolute())} for i, p in (data_paths or {}).items()}
+                        timeout=min(timeout, 600.0), resume=resume, evaluation=evaluation)
+    extra = {i: dict((node_config or {}).get(i, {})) for i in range(cfg.data.n_clients)}
+    for i, p in (data_paths or {}).items():
+        extra[i]["data-path"] = str(Path(p).absolute())
     fed = LocalFederation(work / "federation", cfg.data.n_clients, tls=tls, auth=auth, seeded=reproducible,
                           node_config=extra, log=log)
+    (out / SUMMARY).unlink(missing_ok=True)  # the summary this run writes at its end
     t0 = time.perf_counter()
     with fed:
         t1 = time.perf_counter()
-        text = fed.run(app_dir, timeout=timeout)
+        text = fed.run(app_dir, timeout=timeout, name="resume" if resume else "run")
         t2 = time.perf_counter()
-    if not (out / SUMMARY).is_file():
-        raise FederationError(f"the ServerApp stopped before the end of the run; the run's log ends with:\n"
-                              f"{text[-3000:]}\n(all logs: {work / 'federation' / 'logs'})")
+    summary = raise_if_unfinished(work, text, cfg.federation.rounds)
     metrics = [json.loads(line) for line in (out / METRICS).read_text().splitlines() if line]
-    return {"metrics": metrics, "summary": json.loads((out / SUMMARY).read_text()),
+    return {"metrics": metrics, "summary": summary,
             "w": torch.load(out / MODEL, weights_only=True)["w"], "startup_seconds": t1 - t0,
             "run_seconds": t2 - t1, "total_seconds": time.perf_counter() - t0, "cpu_seconds": fed.cpu_seconds,
             "commands": fed.commands(app_dir), "logs": str(work / "federation" / "logs")}

@@ -25,6 +25,7 @@ import torch
 from dpfl.config import RunConfig
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
+from dpfl.flower.certs import signing_files
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Transport
 from dpfl.schemes.registry import Scheme, build_scheme
@@ -123,9 +124,11 @@ class NodeSettings:
     label_column: str = "label"  # the CSV's label column
     data_shape: str | None = None  # reshape each example, e.g. "1,28,28"
     data_scale: float | None = None  # divide CSV / .npz feature values by it (255 for 0..255 pixels)
+    signing_key: str | None = None  # its OpenSSH node key (--auth-supernode-private-key): signed secure rounds
+    peers: str | None = None  # the operator's peers.toml: every site's registered public key by partition id
 
     KEYS = ("partition-id", "num-partitions", "data-path", "test-path", "label-column", "data-shape", "data-scale",
-            "dpfl-seeded")
+            "dpfl-seeded", "signing-key", "peers")
 
     @classmethod
     def parse(cls, node_config: Mapping[str, Any], n_clients: int) -> NodeSettings:
@@ -156,8 +159,9 @@ class NodeSettings:
         seeded = node_config.get("dpfl-seeded", False)
         if not isinstance(seeded, bool):
             raise ConfigError(f"node config dpfl-seeded must be true or false, got {seeded!r}")
+        signing = signing_files(node_config) or (None, None)
         return cls(pid, text["data-path"], seeded, text["test-path"], text["label-column"] or "label",
-                   text["data-shape"], None if scale is None else float(scale))
+                   text["data-shape"], None if scale is None else float(scale), *signing)
 
 
 def site_data(path: str, node: NodeSettings, cfg: RunConfig, model: torch.nn.Module):

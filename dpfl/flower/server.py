@@ -27,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpfl.errors import ConfigError
 from dpfl.flower.client import CONFIG_KEY, parse_run_config, run_config_text
-from dpfl.flower.coordinator import Coordinator, Reply
+from dpfl.flower.coordinator import EVALUATION, Coordinator, Reply
 from dpfl.flower.wire import content_nbytes
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproducible": False, "timeout": 300.0,
@@ -100,6 +100,8 @@ def settings(run_config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("reproducible", "resume"):
         if not isinstance(s[key], bool):
             raise ConfigError(f"run config {key} must be true or false, got {s[key]!r}")
+    if s["evaluation"] not in EVALUATION:
+        raise ConfigError(f"run config evaluation must be one of {', '.join(EVALUATION)}, got {s['evaluation']!r}")
     if s["resume"] and not s["out-dir"]:
         raise ConfigError("run config resume = true needs out-dir: the run directory to continue")
     for key in ("timeout", "node-wait"):

@@ -18,11 +18,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from dpfl.compression.base import Payload
 from dpfl.compression.bits import packed_nbytes, unpack_uint
 from dpfl.errors import ConfigError, ProtocolError
+from dpfl.flower.certs import BINDING_MAX_BYTES
+from dpfl.secagg.keys import KEY_BYTES, SIGNATURE_BYTES
 from dpfl.secagg.protocol import (
     AdvertiseKeys,
     MaskedInput,
     RoundConfig,
     ShareKeys,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskShares,
 )
@@ -46,6 +49,14 @@ def _get(rec: ConfigRecord, key: str, kind: type | tuple[type, ...], what: str) 
     return v
 
 
+def _blobs(xs: list, what: str, size: int | None = None, most: int = 0) -> list[bytes]:
+    """A list of byte strings, each exactly `size` bytes or 1..`most` bytes, else ProtocolError."""
+    if not all(isinstance(x, bytes) and (len(x) == size if size is not None else 1 <= len(x) <= most) for x in xs):
+        raise ProtocolError(f"{what}: must be a list of " + (f"{size}-byte strings" if size is not None else
+                                                              f"byte strings of 1..{most} bytes"))
+    return list(xs)
+
+
 def _record(content: RecordDict, name: str, what: str) -> Any:
     if name not in content:
         raise ProtocolError(f"{what}: record {name!r} is missing")
@@ -60,7 +71,9 @@ class RoundPlan:
     in seeded mode draw its local batches exactly as the simulator does); index: this client's
     position in `cohort`; answering: k, the clients whose rows make up the sum (DP shares are
     calibrated on it); steps/batch: local iterations and batch size (full-batch schemes use the
-    cohort's largest dataset); secagg: the round configuration of the secure sum, if any.
+    cohort's largest dataset); secagg: the round configuration of the secure sum, if any, and
+    in a signed round each cohort member's Ed25519 key and its binding to the member's
+    registered node key (`signing_keys`, `bindings`: lists in cohort order).
     """
 
     round: int
@@ -72,7 +85,7 @@ class RoundPlan:
     steps: int
     batch: int
     describe: str  # the scheme as the server built it (clients check theirs is the same)
-    secagg: dict[str, Any] = field(default_factory=dict)  # bits, d, threshold, min_survivors, graph
+    secagg: dict[str, Any] = field(default_factory=dict)  # bits, d, threshold, min_survivors, graph[, signing]
 
     def to_record(self) -> ConfigRecord:
         d = asdict(self)
@@ -84,6 +97,8 @@ class RoundPlan:
             graph = sec["graph"]
             rec["sa_degree"] = [len(graph[u]) for u in range(len(graph))]
             rec["sa_edges"] = [int(v) for u in range(len(graph)) for v in graph[u]]
+            if "signing_keys" in sec:
+                rec["sa_vk"], rec["sa_binding"] = list(sec["signing_keys"]), list(sec["bindings"])
         return rec
 
     @classmethod
@@ -108,27 +123,51 @@ class RoundPlan:
             sec = {"bits": _get(rec, "sa_bits", int, w), "d": _get(rec, "sa_d", int, w),
                    "threshold": _get(rec, "sa_threshold", int, w),
                    "min_survivors": _get(rec, "sa_min_survivors", int, w), "graph": graph}
+        if "sa_vk" in rec or "sa_binding" in rec:
+            if not sec:
+                raise ProtocolError(f"{w}: signing keys in a plan without a secure sum")
+            vks = _blobs(_get(rec, "sa_vk", list, w), f"{w}: sa_vk", KEY_BYTES)
+            bindings = _blobs(_get(rec, "sa_binding", list, w), f"{w}: sa_binding", most=BINDING_MAX_BYTES)
+            if not len(vks) == len(bindings) == len(cohort):
+                raise ProtocolError(f"{w}: {len(vks)} signing keys and {len(bindings)} bindings for a cohort of "
+                                    f"{len(cohort)}")
+            sec.update(signing_keys=vks, bindings=bindings)
         return cls(cohort=cohort, sizes=sizes, describe=_get(rec, "describe", str, w), secagg=sec, **ints)
 
-    def round_config(self, d: int | None = None, bits: int | None = None) -> RoundConfig:
+    @property
+    def signed(self) -> bool:
+        return "signing_keys" in self.secagg
+
+    def round_config(self, d: int | None = None, bits: int | None = None,
+                     signing_keys: dict[int, bytes] | None = None) -> RoundConfig:
         """The secure-sum configuration (validated by `RoundConfig`). In the first phase the
-        server does not know d and b yet (they follow from the clients' rows): pass them."""
+        server does not know d and b yet (they follow from the clients' rows): pass them.
+        `signing_keys` (checked ones, `party.plan_signing_keys`): a signed round, whose statements
+        name the cohort's client ids."""
         s = self.secagg
         if not s:
             raise ProtocolError(f"round {self.round}: the plan has no secure-aggregation configuration")
+        ids = None if signing_keys is None else dict(enumerate(self.cohort))
         try:
             return RoundConfig(self.round, len(self.cohort), s["d"] if d is None else d,
-                               s["bits"] if bits is None else bits, s["graph"], s["threshold"], s["min_survivors"])
+                               s["bits"] if bits is None else bits, s["graph"], s["threshold"], s["min_survivors"],
+                               signing_keys, ids)
         except ConfigError as e:
             raise ProtocolError(f"round {self.round}: the plan's secure-sum configuration is invalid: {e}") from None
 
 
+SIGNING_FIELDS = ("sign_pk", "binding", "keys_sig")  # a signing node's hello: Ed25519 key, binding, round key sigs
+
+
 def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]:
-    """A client's hello: id, data size, scheme description, seeded flag, round public keys."""
+    """A client's hello: id, data size, scheme description, seeded flag, round public keys, and
+    for a signing node (secure schemes only) `signing` = (Ed25519 key, binding, signatures of the
+    round keys), else None."""
     w = "hello"
     rec = _record(content, REPLY, w)
     out = {"cid": _get(rec, "cid", int, w), "size": _get(rec, "size", int, w),
-           "describe": _get(rec, "describe", str, w), "seeded": _get(rec, "seeded", bool, w), "keys": []}
+           "describe": _get(rec, "describe", str, w), "seeded": _get(rec, "seeded", bool, w), "keys": [],
+           "signing": None}
     if secure:
         enc, mask = _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
         if not len(enc) == len(mask) == rounds:
@@ -136,6 +175,14 @@ def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]
         if any(not isinstance(x, bytes) or len(x) != 32 for x in (*enc, *mask)):
             raise ProtocolError(f"{w}: public keys must be 32-byte X25519 keys")
         out["keys"] = list(zip(enc, mask))
+        if any(f in rec for f in SIGNING_FIELDS):
+            vk = _get(rec, "sign_pk", bytes, w)
+            binding = _get(rec, "binding", bytes, w)
+            sigs = _blobs(_get(rec, "keys_sig", list, w), f"{w}: keys_sig", SIGNATURE_BYTES)
+            if len(vk) != KEY_BYTES or not 1 <= len(binding) <= BINDING_MAX_BYTES or len(sigs) != rounds:
+                raise ProtocolError(f"{w}: a {KEY_BYTES}-byte signing key, a binding of 1..{BINDING_MAX_BYTES} "
+                                    f"bytes and {rounds} round key signatures expected")
+            out["signing"] = (vk, binding, sigs)
     return out
 
 
@@ -300,7 +347,11 @@ def read_masked(rec: ConfigRecord, d: int) -> MaskedInput:
 
 
 def request_record(r: UnmaskRequest) -> ConfigRecord:
-    return ConfigRecord({"round": r.round_id, "survivors": sorted(r.survivors)})
+    rec = ConfigRecord({"round": r.round_id, "survivors": sorted(r.survivors)})
+    if r.signatures:  # a signed round's unmask request: the survivors' signatures of the list
+        signers = sorted(r.signatures)
+        rec["signers"], rec["signatures"] = signers, [r.signatures[v] for v in signers]
+    return rec
 
 
 def read_request(rec: ConfigRecord) -> UnmaskRequest:
@@ -308,7 +359,24 @@ def read_request(rec: ConfigRecord) -> UnmaskRequest:
     ids = _ints(_get(rec, "survivors", list, w), f"{w}: survivors")
     if len(set(ids)) != len(ids):
         raise ProtocolError(f"{w}: the survivor list repeats an id")
-    return UnmaskRequest(_get(rec, "round", int, w), frozenset(ids))
+    sigs: dict[int, bytes] = {}
+    if "signers" in rec or "signatures" in rec:
+        sigs = _pairs(_get(rec, "signers", list, w), _get(rec, "signatures", list, w), f"{w}: signatures")
+        _blobs(list(sigs.values()), f"{w}: signatures", SIGNATURE_BYTES)
+    return UnmaskRequest(_get(rec, "round", int, w), frozenset(ids), sigs)
+
+
+def signature_record(m: SurvivorSignature) -> ConfigRecord:
+    return ConfigRecord({"sender": m.sender, "round": m.round_id, "signature": m.signature})
+
+
+def read_signature(rec: ConfigRecord) -> SurvivorSignature:
+    """A survivor's signature of the survivor list (the consistency check of a signed round)."""
+    w = "SurvivorSignature"
+    sig = _get(rec, "signature", bytes, w)
+    if len(sig) != SIGNATURE_BYTES:
+        raise ProtocolError(f"{w}: the signature must be {SIGNATURE_BYTES} bytes, got {len(sig)}")
+    return SurvivorSignature(_get(rec, "sender", int, w), _get(rec, "round", int, w), sig)
 
 
 def unmask_record(m: UnmaskShares) -> ConfigRecord:
@@ -325,19 +393,28 @@ def read_unmask(rec: ConfigRecord) -> UnmaskShares:
                         _pairs(_get(rec, "key_ids", list, w), _get(rec, "key_shares", list, w), w))
 
 
-def keys_record(keys: dict[int, tuple[bytes, bytes]]) -> ConfigRecord:
+def keys_record(keys: dict[int, tuple[bytes, ...]]) -> ConfigRecord:
+    """Neighbour keys (enc, mask) or, in a signed round, (enc, mask, signature)."""
     ids = sorted(keys)
-    return ConfigRecord({"ids": ids, "enc_pk": [keys[v][0] for v in ids], "mask_pk": [keys[v][1] for v in ids]})
+    rec = ConfigRecord({"ids": ids, "enc_pk": [keys[v][0] for v in ids], "mask_pk": [keys[v][1] for v in ids]})
+    if any(len(keys[v]) == 3 for v in ids):
+        rec["sig"] = [keys[v][2] for v in ids]
+    return rec
 
 
-def read_keys(rec: ConfigRecord) -> dict[int, tuple[bytes, bytes]]:
+def read_keys(rec: ConfigRecord) -> dict[int, tuple[bytes, ...]]:
     w = "neighbour keys"
     ids, enc, mask = _get(rec, "ids", list, w), _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
     if not len(ids) == len(enc) == len(mask) or len(set(_ints(ids, w))) != len(ids):
         raise ProtocolError(f"{w}: ids and keys have different lengths or an id repeats")
     if any(not isinstance(x, bytes) or len(x) != 32 for x in (*enc, *mask)):
         raise ProtocolError(f"{w}: public keys must be 32-byte X25519 keys")
-    return {int(v): (e, m) for v, e, m in zip(ids, enc, mask)}
+    if "sig" not in rec:
+        return {int(v): (e, m) for v, e, m in zip(ids, enc, mask)}
+    sigs = _blobs(_get(rec, "sig", list, w), f"{w}: signatures", SIGNATURE_BYTES)
+    if len(sigs) != len(ids):
+        raise ProtocolError(f"{w}: {len(sigs)} signatures for {len(ids)} keys")
+    return {int(v): (e, m, g) for v, e, m, g in zip(ids, enc, mask, sigs)}
 
 
 def inbox_record(inbox: dict[int, bytes]) -> ConfigRecord:

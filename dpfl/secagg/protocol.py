@@ -21,7 +21,8 @@ k-regular graph, see `graph.py`) and Shamir threshold t with 2t > max degree + 1
    (+ if u < v, − otherwise; s_uv = HKDF(X25519(s_u, S_v))). The server adds y_u to its
    accumulator as it arrives. Server: U3 (the survivors).
    (Optional, signatures: ConsistencyCheck — each survivor signs U3; the server collects the
-   signatures and forwards them with the unmask request.)
+   signatures and forwards them with the unmask request. Signed statements name positions, or
+   client ids with `RoundConfig.identities`, as the Flower deployment does.)
 3. Unmasking: the server announces U3; each survivor checks the list (every listed neighbour
    exchanged keys and shares with it; it and its listed neighbours number ≥ t; valid
    signatures if used) and reveals its own share of b_u and, for each neighbour v, its share of
@@ -84,7 +85,10 @@ def _is_int(v: object) -> bool:
 class RoundConfig:
     """What every party knows before the round starts. `signing_keys` (optional, the active-server
     model): each client's Ed25519 verification key, from a PKI outside the protocol; with them,
-    advertised keys are signed and clients unmask only after the signed consistency check."""
+    advertised keys are signed and clients unmask only after the signed consistency check.
+    `identities` (optional): each position's stable client id, which signed statements name
+    instead of the position (a deployment signs its round keys before it knows its position);
+    without it statements name positions, as in simulation."""
 
     round_id: int
     n_clients: int
@@ -94,6 +98,7 @@ class RoundConfig:
     threshold: int  # Shamir t: shares needed per secret
     min_survivors: int  # fewer inputs than this → abort
     signing_keys: Mapping[int, bytes] | None = None
+    identities: Mapping[int, int] | None = None
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
@@ -128,6 +133,25 @@ class RoundConfig:
             or any(not isinstance(k, bytes) or len(k) != kx.KEY_BYTES for k in self.signing_keys.values())
         ):
             raise ConfigError(f"signing_keys must give a 32-byte Ed25519 key for each client 0..{n - 1}")
+        ids = self.identities
+        if ids is not None and (
+            set(ids) != set(range(n))
+            or not all(_is_int(v) and 0 <= v < 2**32 for v in ids.values())
+            or len(set(ids.values())) != n
+        ):
+            raise ConfigError(f"identities must give a distinct client id in [0, 2^32) for each position 0..{n - 1}")
+
+    def identity(self, u: int) -> int:
+        """The id signed statements name for position u: its client id, or u itself."""
+        return u if self.identities is None else int(self.identities[u])
+
+    def survivors_statement(self, survivors: frozenset[int]) -> bytes:
+        """What a survivor signs in the consistency check, naming the survivors by identity."""
+        return survivors_statement(self.round_id, frozenset(self.identity(v) for v in survivors))
+
+    def keys_statement(self, sender: int, enc_pk: bytes, mask_pk: bytes) -> bytes:
+        """What `sender` signs when it advertises its keys, naming itself by identity."""
+        return keys_statement(self.round_id, self.identity(sender), enc_pk, mask_pk)
 
     @property
     def dtype(self) -> np.dtype:
@@ -187,6 +211,10 @@ class SurvivorSignature:
     round_id: int
     signature: bytes
 
+    @property
+    def wire_nbytes(self) -> int:
+        return HEADER_BYTES + len(self.signature)
+
 
 @dataclass(frozen=True)
 class UnmaskRequest:
@@ -222,12 +250,12 @@ def seed_commitment(round_id: int, sender: int, seed: bytes) -> bytes:
 
 
 def keys_statement(round_id: int, sender: int, enc_pk: bytes, mask_pk: bytes) -> bytes:
-    """What a client signs when it advertises its keys."""
+    """What a client signs when it advertises its keys (`sender`: its identity, `RoundConfig.identity`)."""
     return b"dpfl-secagg/keys" + struct.pack("<qI", round_id, sender) + enc_pk + mask_pk
 
 
 def survivors_statement(round_id: int, survivors: frozenset[int]) -> bytes:
-    """What a survivor signs in the consistency check: the round and the sorted list U3."""
+    """What a survivor signs in the consistency check: the round and the sorted list U3 (by identity)."""
     ids = sorted(int(v) for v in survivors)
     return b"dpfl-secagg/survivors" + struct.pack(f"<qI{len(ids)}I", round_id, len(ids), *ids)
 
@@ -276,7 +304,7 @@ class Client:
         sig = (
             b""
             if self._signer is None
-            else kx.sign(self._signer, keys_statement(self.cfg.round_id, self.id, enc, mask))
+            else kx.sign(self._signer, self.cfg.keys_statement(self.id, enc, mask))
         )
         return AdvertiseKeys(self.id, self.cfg.round_id, enc, mask, sig)
 
@@ -296,7 +324,7 @@ class Client:
             enc = kx.check_public(entry[0], f"{me}: client {v}'s encryption key")
             mask = kx.check_public(entry[1], f"{me}: client {v}'s masking key")
             if n == 3 and not kx.verify(
-                self.cfg.signing_keys[int(v)], entry[2], keys_statement(self.cfg.round_id, int(v), enc, mask)
+                self.cfg.signing_keys[int(v)], entry[2], self.cfg.keys_statement(int(v), enc, mask)
             ):
                 raise ProtocolError(f"{me}: the keys of client {v} are not signed by client {v}")
             out[int(v)] = (enc, mask)
@@ -425,7 +453,7 @@ class Client:
         return SurvivorSignature(
             self.id,
             self.cfg.round_id,
-            kx.sign(self._signer, survivors_statement(self.cfg.round_id, survivors)),
+            kx.sign(self._signer, self.cfg.survivors_statement(survivors)),
         )
 
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
@@ -454,7 +482,7 @@ class Client:
             sigs = request.signatures
             if not isinstance(sigs, Mapping):
                 raise ProtocolError(f"{me}: signatures must be a mapping")
-            statement = survivors_statement(cfg.round_id, survivors)
+            statement = cfg.survivors_statement(survivors)
             signers = {
                 int(v)
                 for v, s in sigs.items()
@@ -575,7 +603,7 @@ class Server:
         if self.cfg.signing_keys is not None and not kx.verify(
             self.cfg.signing_keys[m.sender],
             m.signature,
-            keys_statement(self.cfg.round_id, m.sender, enc, mask),
+            self.cfg.keys_statement(m.sender, enc, mask),
         ):
             raise ProtocolError(f"client {m.sender}: advertised keys without a valid signature")
 
@@ -617,7 +645,7 @@ class Server:
         if not kx.verify(
             self.cfg.signing_keys[m.sender],
             m.signature,
-            survivors_statement(self.cfg.round_id, self.survivors),
+            self.cfg.survivors_statement(self.survivors),
         ):
             raise ProtocolError(f"client {m.sender}: invalid signature of the survivor list")
 

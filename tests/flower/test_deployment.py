@@ -6,19 +6,21 @@ in Z_(2^b), so message order cannot change the result."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tomli_w
 import torch
-from flower_helpers import SIGN_DP, config, require_row_contract, simulate
+from flower_helpers import SIGN_DP, config, held_out_counts, require_row_contract, simulate, site_files
 
-from dpfl.config import load_config
-from dpfl.engine.simulator import build_federation
-from dpfl.flower.local import run_local
-from dpfl.rng import Seeds
+from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY
+from dpfl.flower.appdir import write_app
+from dpfl.flower.local import FederationError, LocalFederation, raise_if_unfinished, run_local
+
+TOLERANT = {"name": "fl-sign-dp", "options": {**SIGN_DP["options"], "tolerate": 1}}
 
 
 def _leftovers(marker: str) -> list[int]:
@@ -37,32 +39,110 @@ def _leftovers(marker: str) -> list[int]:
 
 @pytest.mark.integration
 def test_fl_sign_dp_with_secure_aggregation_over_flower_matches_the_simulator(tmp_path):
+    """Site 0 on a CSV, sites 1 and 2 on .npz files (training and held-out), federated evaluation:
+    the model equals the simulator's fed the same partition, and the sites' evaluation counts add up
+    to its accuracy on their held-out data."""
     require_row_contract()
     data = config(SIGN_DP)
-    cfg = load_config(data=data)
-    fed = build_federation(cfg, Seeds(cfg.seed))
-    paths = {}
-    for i, idx in enumerate(fed.clients):  # each SuperNode reads only its own file
-        paths[i] = tmp_path / f"client-{i}.npz"
-        np.savez(paths[i], x=fed.x[idx].numpy(), y=fed.y[idx].numpy())
+    files = site_files(data, tmp_path)  # each SuperNode reads only its own files
     try:
-        res = run_local(tomli_w.dumps(data), tmp_path / "run", tls=True, reproducible=True, data_paths=paths,
+        res = run_local(tomli_w.dumps(data), tmp_path / "run", tls=True, reproducible=True, node_config=files,
                         timeout=600, log=print)  # a hang guard: 3 min idle, over 5 under load
     finally:
-        left = _leftovers(str(tmp_path))
-        for pid in left:
-            os.kill(pid, 9)
-    assert not left, f"processes left running after the run: {left}"
+        _stop_leftovers(tmp_path)
 
     sim, sim_rounds = simulate(data)
     assert res["summary"]["rounds_run"] == 3
     assert torch.equal(res["w"], sim.w)
     for mine, ref in zip(res["metrics"], sim_rounds):
-        assert mine["answered"] == 3 and mine["step_secagg_survivors"] == 3
+        assert mine["answered"] == 3 and mine["step_secagg_survivors"] == 3 and mine["absent"] == []
         assert mine["up_bytes"] == ref["up_bytes"]  # the masked inputs the simulator counts
         assert mine["epsilon"] == ref["epsilon"]
         assert mine["accuracy"] == ref["accuracy"]
+    want = held_out_counts(data, sim.w)
+    last = res["metrics"][-1]
+    assert last["fed_sites"] == 3 and last["fed_examples"] == want["n"]
+    assert last["fed_accuracy"] == want["correct"] / want["n"]
+    assert {p.name for p in (tmp_path / "run" / "out").iterdir()} >= {CONFIG, METRICS, CHECKPOINT, SUMMARY}
     print(f"\nstartup {res['startup_seconds']:.1f} s, run {res['run_seconds']:.1f} s, "
           f"CPU {res['cpu_seconds']:.1f} s; per round: " + ", ".join(
               f"{m['round_seconds']:.1f} s / {m['flower_up_bytes'] // 3} B up / {m['flower_down_bytes'] // 3} B down "
               f"per client (simulator {r['up_bytes'] // 3} B)" for m, r in zip(res["metrics"], sim_rounds)))
+
+
+def _stop_leftovers(tmp_path) -> None:
+    left = _leftovers(str(tmp_path))
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"processes left running after the run: {left}"
+
+
+def _rounds(text: str) -> list[dict]:
+    return [json.loads(line[len("dpfl-round "):]) for line in text.splitlines() if line.startswith("dpfl-round ")]
+
+
+@pytest.mark.integration
+def test_three_sites_survive_a_killed_site_and_it_rejoins(tmp_path):
+    """TLS and node authentication; kill -9 of site 2's SuperNode early in round 2 (tolerate = 1):
+    the round and the run complete with the other two, ε is charged as in the simulator, and the
+    site, restarted after round 2, answers again in a later round."""
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 5, "clients_per_round": 3})
+    app = write_app(tmp_path / "app", tomli_w.dumps(data), out_dir=str(tmp_path / "out"), reproducible=True,
+                    timeout=300)
+    done: dict[str, float] = {}
+    try:
+        with LocalFederation(tmp_path / "fed", 3, tls=True, auth=True, seeded=True) as fed:
+            def watch(text: str) -> None:
+                n = len(_rounds(text))
+                if n >= 1 and "kill" not in done:
+                    time.sleep(1.0)  # round 2's training message is out
+                    fed.kill_node(2)
+                    done["kill"] = time.monotonic()
+                if n >= 2 and "restart" not in done:
+                    fed.start_node(2)
+                    done["restart"] = time.monotonic()
+
+            text = fed.run(app, timeout=900, watch=watch)
+    finally:
+        _stop_leftovers(tmp_path)
+    rounds = _rounds(text)
+    _, ref = simulate(data)
+    assert [m["round"] for m in rounds] == [1, 2, 3, 4, 5]
+    assert all("aborted" not in m for m in rounds)
+    assert rounds[1]["answered"] == 2 and rounds[1]["absent"] == [2]
+    assert any(m.get("rejoined") == [2] for m in rounds[2:])
+    assert rounds[-1]["answered"] == 3 and rounds[-1]["absent"] == []
+    assert [m["epsilon"] for m in rounds] == [m["epsilon"] for m in ref]
+    summary = json.loads((tmp_path / "out" / SUMMARY).read_text())
+    assert summary["rounds_run"] == 5 and summary["rounds_aborted"] == 0
+    print(f"\nround seconds: {[m['round_seconds'] for m in rounds]}")
+
+
+@pytest.mark.integration
+def test_a_killed_serverapp_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
+    """kill -9 of the ServerApp after round 2 of 4: `dpfl flower local --resume` (a new federation,
+    the run's checkpoint) ends with the model and ε of the uninterrupted run (the simulator's)."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 4, "clients_per_round": 3}, run={"checkpoint_every": 1})
+    work = tmp_path / "run"
+    app = write_app(work / "app", tomli_w.dumps(data), out_dir=str(work / "out"), reproducible=True, timeout=300)
+    try:
+        with LocalFederation(work / "federation", 3, tls=True, seeded=True) as fed:
+            def watch(text: str) -> None:
+                if len(_rounds(text)) >= 2:
+                    for pid in fed.serverapps():
+                        os.kill(pid, 9)
+
+            fed.run(app, timeout=600, watch=watch)
+        assert not (work / "out" / SUMMARY).exists()
+        with pytest.raises(FederationError, match="resume it with"):
+            raise_if_unfinished(work)
+        res = run_local(None, work, tls=True, resume=True, timeout=600, log=print)
+    finally:
+        _stop_leftovers(tmp_path)
+    sim, ref = simulate(data)
+    assert torch.equal(res["w"], sim.w)
+    assert res["summary"]["epsilon_final"] == ref[-1]["epsilon"]
+    assert [m["round"] for m in res["metrics"]] == [1, 2, 3, 4]
+    assert [m["accuracy"] for m in res["metrics"]] == [m["accuracy"] for m in ref]

@@ -73,7 +73,8 @@ def test_local_commands_are_the_documented_ones(tmp_path):
     cmds = fed.commands("app")
     assert cmds[0].startswith("flower-superlink --ssl-ca-certfile ") and "--enable-supernode-auth" in cmds[0]
     assert cmds[1].startswith("flwr supernode register ") and cmds[1].endswith("node-0.pub dpfl-local")
-    assert "--node-config 'partition-id=1 num-partitions=2 dpfl-seeded=true'" in cmds[4]
+    assert "--node-config 'partition-id=1 num-partitions=2 dpfl-seeded=true signing-key=" in cmds[4]
+    assert f"peers=\"{tmp_path / 'certs' / 'peers.toml'}\"" in cmds[4]  # the registered key signs the rounds
     assert "--auth-supernode-private-key" in cmds[4] and "--root-certificates" in cmds[4]
     assert cmds[-1].endswith("app dpfl-local --stream")
     with pytest.raises(ConfigError, match="needs TLS"):

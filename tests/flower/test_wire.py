@@ -15,7 +15,15 @@ from dpfl.flower.node import NodeSettings, OsSeeds, check_round_config
 from dpfl.flower.party import round_public_keys
 from dpfl.rng import Seeds
 from dpfl.schemes.secure_sum import SecAggTransport
-from dpfl.secagg.protocol import HEADER_BYTES, MaskedInput, RoundConfig, ShareKeys, UnmaskShares
+from dpfl.secagg.protocol import (
+    HEADER_BYTES,
+    MaskedInput,
+    RoundConfig,
+    ShareKeys,
+    SurvivorSignature,
+    UnmaskRequest,
+    UnmaskShares,
+)
 from dpfl.secagg.ring import word_dtype
 
 
@@ -71,6 +79,61 @@ def test_round_plan_round_trips_with_its_graph():
         wire.RoundPlan.from_record(bad)
 
 
+def test_a_signed_round_plan_carries_keys_and_bindings_of_the_cohort():
+    graph = {0: (1, 2), 1: (0, 2), 2: (0, 1)}
+    vks, bindings = [bytes([i]) * 32 for i in range(3)], [b"b" * 103, b"c" * 102, b"d" * 104]
+    plan = wire.RoundPlan(round=3, cohort=[7, 2, 9], sizes=[10, 20, 30], index=1, answering=3, n_selected=3,
+                          steps=2, batch=8, describe="x", secagg={"bits": 22, "d": 100, "threshold": 2,
+                                                                 "min_survivors": 3, "graph": graph,
+                                                                 "signing_keys": vks, "bindings": bindings})
+    back = wire.RoundPlan.from_record(plan.to_record())
+    assert back == plan and back.signed
+    rc = back.round_config(signing_keys=dict(enumerate(vks)))
+    assert rc.identities == {0: 7, 1: 2, 2: 9} and rc.identity(2) == 9
+    for field_, value, why in (("sa_vk", vks[:2], "2 signing keys"), ("sa_vk", [b"a" * 31] * 3, "32-byte"),
+                               ("sa_binding", [b""] * 3, "1..120 bytes"), ("sa_binding", [b"x" * 121] * 3, "1..120")):
+        bad = plan.to_record()
+        bad[field_] = value
+        with pytest.raises(ProtocolError, match=why):
+            wire.RoundPlan.from_record(bad)
+    plain = wire.RoundPlan(**{**vars(plan), "secagg": {}}).to_record()
+    plain["sa_vk"], plain["sa_binding"] = vks, bindings
+    with pytest.raises(ProtocolError, match="without a secure sum"):
+        wire.RoundPlan.from_record(plain)
+
+
+def test_signed_messages_round_trip_and_are_size_checked():
+    sig = SurvivorSignature(2, 5, b"s" * 64)
+    assert wire.read_signature(wire.signature_record(sig)) == sig
+    with pytest.raises(ProtocolError, match="64 bytes"):
+        wire.read_signature(ConfigRecord({"sender": 2, "round": 5, "signature": b"s" * 63}))
+    req = UnmaskRequest(5, frozenset({0, 2}), {0: b"a" * 64, 2: b"b" * 64})
+    assert wire.read_request(wire.request_record(req)) == req
+    assert "signers" not in wire.request_record(UnmaskRequest(5, frozenset({0})))
+    with pytest.raises(ProtocolError, match="64-byte"):
+        wire.read_request(ConfigRecord({"round": 5, "survivors": [0], "signers": [0], "signatures": [b"a"]}))
+    with pytest.raises(ProtocolError, match="'signatures' is missing"):
+        wire.read_request(ConfigRecord({"round": 5, "survivors": [0], "signers": [0]}))
+    keys = {1: (b"e" * 32, b"m" * 32, b"s" * 64)}
+    assert wire.read_keys(wire.keys_record(keys)) == keys
+    with pytest.raises(ProtocolError, match="signatures"):
+        wire.read_keys(ConfigRecord({**wire.keys_record(keys), "sig": [b"s" * 63]}))
+
+
+def test_a_signing_hello_is_read_whole_or_refused():
+    rec = ConfigRecord({"cid": 1, "size": 5, "describe": "x", "seeded": False, "enc_pk": [b"e" * 32] * 2,
+                        "mask_pk": [b"m" * 32] * 2})
+    assert wire.read_hello({wire.REPLY: rec}, 2, True)["signing"] is None
+    signing = {"sign_pk": b"v" * 32, "binding": b"b" * 100, "keys_sig": [b"s" * 64] * 2}
+    got = wire.read_hello({wire.REPLY: ConfigRecord({**rec, **signing})}, 2, True)
+    assert got["signing"] == (b"v" * 32, b"b" * 100, [b"s" * 64] * 2)
+    for field_, value in (("sign_pk", b"v" * 31), ("binding", b""), ("keys_sig", [b"s" * 64])):
+        with pytest.raises(ProtocolError, match="hello"):
+            wire.read_hello({wire.REPLY: ConfigRecord({**rec, **signing, field_: value})}, 2, True)
+    with pytest.raises(ProtocolError, match="'binding' is missing"):
+        wire.read_hello({wire.REPLY: ConfigRecord({**rec, "sign_pk": b"v" * 32})}, 2, True)
+
+
 def test_a_client_refuses_a_weaker_secure_sum_configuration():
     sa = SecAggTransport("int", bits=12, max_dropouts=1)
     graph = {u: tuple(v for v in range(5) if v != u) for u in range(5)}
@@ -89,6 +152,13 @@ def test_node_settings_name_the_bad_key():
         NodeSettings.parse({"partition-id": 0, "num-partitions": 4}, 3)
     with pytest.raises(ConfigError, match="dpfl-seeded must be true or false"):
         NodeSettings.parse({"partition-id": 0, "dpfl-seeded": "yes"}, 3)
+    signing = NodeSettings.parse({"partition-id": 0, "signing-key": "k", "peers": "p.toml"}, 3)
+    assert (signing.signing_key, signing.peers) == ("k", "p.toml")
+    for half in ({"signing-key": "k"}, {"peers": "p.toml"}):
+        with pytest.raises(ConfigError, match="signing-key and peers go together"):
+            NodeSettings.parse({"partition-id": 0, **half}, 3)
+    with pytest.raises(ConfigError, match="peers must be a non-empty path"):
+        NodeSettings.parse({"partition-id": 0, "signing-key": "k", "peers": ""}, 3)
 
 
 def test_deployment_randomness_is_not_the_config_seed():
@@ -124,8 +194,11 @@ _TYPED = {  # a well-typed value for each field (Hypothesis mixes them with anyt
                      "sa_threshold", "sa_min_survivors"], st.integers(0, 4)),
     **dict.fromkeys(["to", "self_ids", "key_ids", "survivors", "ids", "cohort", "sizes", "sa_degree", "sa_edges"],
                     _ID_LISTS),
-    **dict.fromkeys(["ct", "self_shares", "key_shares", "enc_pk", "mask_pk"],
+    **dict.fromkeys(["ct", "self_shares", "key_shares", "enc_pk", "mask_pk", "sa_vk"],
                     st.lists(st.binary(min_size=32, max_size=32), max_size=4)),
+    **dict.fromkeys(["sig", "signatures"], st.lists(st.binary(min_size=64, max_size=64), max_size=4)),
+    "signers": _ID_LISTS, "sa_binding": st.lists(st.binary(min_size=1, max_size=120), max_size=4),
+    "signature": st.binary(min_size=64, max_size=64),
     "commit": st.binary(min_size=32, max_size=32), "describe": st.text(max_size=3), "masked": st.binary(max_size=40),
 }
 
@@ -138,15 +211,22 @@ _READERS = {  # reader, its fields, and what must hold of the record when it par
     "share": (wire.read_share, ["sender", "round", "to", "ct", "commit"], lambda r: _ints(r["to"])),
     "unmask": (wire.read_unmask, ["sender", "round", "self_ids", "self_shares", "key_ids", "key_shares"],
                lambda r: _ints(r["self_ids"]) and _ints(r["key_ids"])),
-    "request": (wire.read_request, ["round", "survivors"], lambda r: _ints(r["survivors"])),
-    "keys": (wire.read_keys, ["ids", "enc_pk", "mask_pk"],
-             lambda r: _ints(r["ids"]) and all(type(k) is bytes and len(k) == 32 for k in r["enc_pk"] + r["mask_pk"])),
+    "request": (wire.read_request, ["round", "survivors", "signers", "signatures"],
+                lambda r: _ints(r["survivors"]) and _ints(r.get("signers", []))
+                and all(type(s) is bytes and len(s) == 64 for s in r.get("signatures", []))),
+    "signature": (wire.read_signature, ["sender", "round", "signature"],
+                  lambda r: type(r["signature"]) is bytes and len(r["signature"]) == 64),
+    "keys": (wire.read_keys, ["ids", "enc_pk", "mask_pk", "sig"],
+             lambda r: _ints(r["ids"]) and all(type(k) is bytes and len(k) == 32 for k in r["enc_pk"] + r["mask_pk"])
+             and all(type(s) is bytes and len(s) == 64 for s in r.get("sig", []))),
     "inbox": (wire.read_inbox, ["ids", "ct"], lambda r: _ints(r["ids"])),
     "masked": (lambda r: wire.read_masked(r, 5), ["masked"], lambda r: type(r["masked"]) is bytes),
     "plan": (wire.RoundPlan.from_record, ["round", "cohort", "sizes", "index", "answering", "n_selected", "steps",
                                           "batch", "describe", "sa_bits", "sa_d", "sa_threshold",
-                                          "sa_min_survivors", "sa_degree", "sa_edges"],
-             lambda r: _ints(r["cohort"]) and _ints(r["sizes"]) and ("sa_bits" not in r or _ints(r["sa_edges"]))),
+                                          "sa_min_survivors", "sa_degree", "sa_edges", "sa_vk", "sa_binding"],
+             lambda r: _ints(r["cohort"]) and _ints(r["sizes"]) and ("sa_bits" not in r or _ints(r["sa_edges"]))
+             and all(type(k) is bytes and len(k) == 32 for k in r.get("sa_vk", []))
+             and all(type(b) is bytes and 1 <= len(b) <= 120 for b in r.get("sa_binding", []))),
 }
 
 

@@ -22,6 +22,8 @@ from dpfl.secagg.protocol import (
     Server,
     UnmaskRequest,
     UnmaskShares,
+    keys_statement,
+    survivors_statement,
 )
 from dpfl.secagg.simulate import exchange_keys, make_config, secure_sum
 
@@ -392,6 +394,40 @@ def test_signatures_stop_key_substitution_and_split_survivor_lists():
     with pytest.raises(ProtocolError, match="invalid or foreign signatures"):
         clients[0].unmask(UnmaskRequest(cfg.round_id, check.survivors, {0: sig.signature, 1: sig.signature}))
     assert not clients[0]._unmasked
+
+
+def test_identities_make_signed_statements_name_client_ids_and_leave_positional_ones_unchanged():
+    """A deployment signs its round keys before it knows its position: with `identities`,
+    statements name client ids (a signature naming the position, or a list of other ids, is
+    refused); without, they are byte for byte the positional ones the simulator signs."""
+    k, d, bits = 4, 6, 16
+    cfg, clients, _ = _signed_setup(k, d, bits)
+    e, m = clients[0].advertise().enc_pk, clients[0].advertise().mask_pk
+    assert cfg.keys_statement(2, e, m) == keys_statement(cfg.round_id, 2, e, m)
+    assert cfg.survivors_statement(frozenset({0, 3})) == survivors_statement(cfg.round_id, frozenset({0, 3}))
+    ids = {0: 17, 1: 4, 2: 9, 3: 250}
+    named = dataclasses.replace(cfg, identities=ids)
+    assert named.keys_statement(2, e, m) == keys_statement(cfg.round_id, 9, e, m)
+    assert named.survivors_statement(frozenset({0, 3})) == survivors_statement(cfg.round_id, frozenset({17, 250}))
+    signers = {u: c._signer for u, c in enumerate(clients)}
+    rows = _rows(k, d, bits, seed=4)
+    named_clients = [Client(u, named, Seeds(5).crypto("client", u), signer=signers[u]) for u in range(k)]
+    srv = Server(named)
+    with pytest.raises(ProtocolError, match="valid signature"):  # signed naming its position 1, not client 4
+        srv.receive(Client(1, cfg, Seeds(5).crypto("client", 1), signer=signers[1]).advertise())
+    inbox = exchange_keys(srv, named_clients)
+    for c in named_clients:
+        srv.receive(c.masked_input(rows[c.id], inbox[c.id]))
+    check = srv.close_masked()
+    for c in named_clients:
+        srv.receive(c.sign_survivors(check))
+    request = srv.close_consistency()
+    for c in named_clients:
+        srv.receive(c.unmask(request))
+    assert np.array_equal(srv.finish(), _plain(rows, range(k), bits))
+    for bad in ({0: 1, 1: 1, 2: 2, 3: 3}, {0: 0, 1: 1, 2: 2}, {0: -1, 1: 1, 2: 2, 3: 3}, {0: True, 1: 1, 2: 2, 3: 3}):
+        with pytest.raises(ConfigError, match="identities must give a distinct client id"):
+            dataclasses.replace(cfg, identities=bad)
 
 
 def test_unmask_shares_for_unknown_clients_are_rejected():
