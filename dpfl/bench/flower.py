@@ -6,26 +6,13 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-import tomli_w
 import torch
 from rich.console import Console
 from rich.table import Table
 
-# FL-SIGN-DP with secure aggregation, 3 clients of the 8x8 digits, a 64-16-10 MLP (the
-# integration test's setting); the sequential engine trains as deployed clients do.
-DEFAULT: dict[str, Any] = {
-    "name": "flower-bench", "seed": 5,
-    "data": {"dataset": "digits", "n_clients": 3, "partition": "dirichlet", "partition_options": {"alpha": 1.0}},
-    "federation": {"rounds": 3, "clients_per_round": 3},
-    "train": {"steps": 2, "batch_size": 8, "lr": 0.1},
-    "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 16}},
-    "run": {"engine": "sequential", "threads": 1},
-    "scheme": {"name": "fl-sign-dp", "options": {"sigma": 0.5, "gamma": 0.005}},
-}
-
 
 def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, auth: bool = False,
-            timeout: float = 1800.0, log=print) -> dict[str, Any]:
+            timeout: float = 1800.0, evaluation: str = "both", log=print) -> dict[str, Any]:
     """Run `config_text` over a local federation (seeded: comparable, not private) and in the
     simulator; returns both runs' per-round numbers and whether the final models are equal."""
     from dpfl.engine.simulator import Simulation
@@ -34,7 +21,8 @@ def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, a
 
     cfg = parse_run_config(config_text)
     work = workdir or tempfile.mkdtemp(prefix="dpfl-flower-")
-    res = run_local(config_text, work, tls=tls, auth=auth, reproducible=True, timeout=timeout, log=log)
+    res = run_local(config_text, work, tls=tls, auth=auth, reproducible=True, timeout=timeout, evaluation=evaluation,
+                    log=log)
     sim = Simulation(cfg, None, log=lambda s: None)
     sim_rounds: list[dict] = []
     sim.run(sim_rounds.append)
@@ -49,7 +37,7 @@ def table(res: dict[str, Any], console: Console | None = None) -> Table:
     """Per round: wall seconds and bytes per client, Flower next to the simulator."""
     t = Table(title="Flower deployment vs simulator (bytes per answering client)")
     for col in ("round", "Flower s", "sim s", "sim up B", "payload up B", "Flower up B", "Flower down B",
-                "accuracy", "ε"):
+                "accuracy", "fed accuracy", "ε", "record ε (max site)"):
         t.add_column(col, justify="right", no_wrap=True)
     for m, s in zip(res["metrics"], res["simulator"]):
         k = max(1, m.get("answered", 0))
@@ -57,8 +45,10 @@ def table(res: dict[str, Any], console: Console | None = None) -> Table:
         t.add_row(str(m["round"]), f"{m['round_seconds']:.2f}", f"{s['round_seconds']:.3f}",
                   f"{s['up_bytes'] / k:,.0f}", f"{m.get('up_bytes', 0) / k:,.0f}",
                   f"{m['flower_up_bytes'] / k:,.0f}", f"{m['flower_down_bytes'] / k:,.0f}",
-                  f"{m.get('accuracy', float('nan')):.4f}", "-" if eps is None else f"{eps:.3f}")
-    (console or Console(width=140)).print(t)
+                  f"{m.get('accuracy', float('nan')):.4f}", f"{m.get('fed_accuracy', float('nan')):.4f}",
+                  "-" if eps is None else f"{eps:.3f}",
+                  "-" if m.get("record_epsilon_max") is None else f"{m['record_epsilon_max']:.3f}")
+    (console or Console(width=160)).print(t)
     return t
 
 
@@ -99,11 +89,11 @@ def split_table(res: dict[str, Any], console: Console | None = None) -> dict[str
             "dpfl_seconds": sum(v["import"] + v["work"] for v in split.values())}
 
 
-def run_bench(config: dict[str, Any] | None = None, workdir: str | None = None, tls: bool = True,
+def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, evaluation: str = "both",
               console: Console | None = None) -> dict[str, Any]:
-    """Measure a deployed run against the simulator (default: `DEFAULT`) and print the table."""
-    console = console or Console(width=140)
-    res = compare(tomli_w.dumps(config or DEFAULT), workdir, tls=tls, log=console.print)
+    """Measure a deployed run of `config_text` (seeded) against the simulator and print the tables."""
+    console = console or Console(width=160)
+    res = compare(config_text, workdir, tls=tls, evaluation=evaluation, log=console.print)
     table(res, console)
     s = split_table(res, console)
     res["split"] = s

@@ -86,7 +86,9 @@ def app_cmd(
 @app.command("local")
 def local_cmd(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="dpfl run config (TOML file or built-in "
-                                                "name, e.g. deploy-demo); one SuperNode per client")] = None,
+                                                "name; default deploy-demo: the cross-silo recipe, record-level "
+                                                "DP-SGD in 3 sites and a secure sum; deploy-mechanics: FL-SIGN-DP); "
+                                                "one SuperNode per client")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key, e.g. "
                                                                  "--set federation.rounds=5")] = None,
     workdir: Annotated[Path | None, typer.Option(help="where the app, certificates, logs and results go "
@@ -105,6 +107,8 @@ def local_cmd(
     from dpfl.flower.local import run_local
 
     try:
+        if resume is None and config is None:
+            config = Path("deploy-demo")  # the cross-silo recipe: record-level DP-SGD in 3 sites, secure sum
         if resume is not None:
             if config is not None or set_ or workdir is not None or reproducible:
                 raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
@@ -114,8 +118,6 @@ def local_cmd(
             work = resume
             for m in res["metrics"]:
                 console.print(m)
-        elif config is None:
-            raise ConfigError("give --config (a run config) or --resume WORKDIR")
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, log=console.print)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -135,9 +136,11 @@ def load(path: str | Path) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         why = next((ln for ln in lines if "unsupported GLOBAL" in ln or "Unsupported global" in ln), "")
-        if why:  # a reference to code: what a crafted file would call
+        if why:  # a reference to code: name what a crafted file would call, never torch's advice to allow it
+            ref = re.search(r"GLOBAL\s+([\w.]+)", why)
+            what = f"it references {ref.group(1)}" if ref else "it references code"
             raise DataError(f"{path}: refusing to load: not a checkpoint of plain data, loading it could run "
-                            f"code ({why.rstrip('.')})") from None
+                            f"code ({what})") from None
         detail = next((ln for ln in lines if "nsupported" in ln), "unpickling failed")
         raise DataError(f"{path}: not a readable checkpoint (corrupt: {detail})") from None
     except _CORRUPT as e:  # truncated or not a torch file

@@ -153,6 +153,7 @@ class LocalFederation:
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
         self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.dir / "flwr-home")}
         self.nodes: dict[int, subprocess.Popen] = {}  # client id → its SuperNode
+        self.link: subprocess.Popen | None = None  # the SuperLink
 
     # ---- commands -------------------------------------------------------------------
     @property
@@ -180,7 +181,7 @@ class LocalFederation:
 
     def superlink_command(self) -> list[str]:
         cmd = ["flower-superlink", *self._tls_args(True), "--host", "127.0.0.1", "--port", str(self.port),
-               "--disable-runtime-dependency-installation"]
+               "--disable-runtime-dependency-installation", "--database", str(self.dir / "superlink.db")]
         return cmd + (["--enable-supernode-auth"] if self.auth else [])
 
     def supernode_command(self, i: int, runtime_port: int) -> list[str]:
@@ -245,8 +246,8 @@ class LocalFederation:
             certs.make_node_keys(self.certs_dir, self.n)
         self.port = free_port()
         self._write_connection()
-        link = self._spawn(self.superlink_command(), "superlink")
-        self._wait_healthy(link, timeout)
+        self.link = self._spawn(self.superlink_command(), "superlink")
+        self._wait_healthy(self.link, timeout)
         if self.auth:
             for i in range(self.n):
                 pub = self.certs_dir / f"node-{i}.pub"
@@ -265,6 +266,18 @@ class LocalFederation:
         if i in self.nodes and self.nodes[i].poll() is None:
             raise FederationError(f"the SuperNode of client {i} is running")
         self.nodes[i] = self._spawn(self.supernode_command(i, free_port()), f"supernode-{i}")
+
+    def restart_superlink(self, timeout: float = 60.0) -> None:
+        """kill -9 of the SuperLink, then start it again on its database (its state: registered
+        keys, nodes, runs): the SuperNodes reconnect without registering again."""
+        for pid in descendants([self.link.pid]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.link.wait()
+        self.link = self._spawn(self.superlink_command(), "superlink")
+        self._wait_healthy(self.link, timeout)
 
     def kill_node(self, i: int) -> None:
         """kill -9 of client i's SuperNode and everything it started (its SuperExec, ClientApps)."""
@@ -285,7 +298,7 @@ class LocalFederation:
             name: str = "run", watch: Callable[[str], None] | None = None) -> str:
         """`flwr run` the app and wait for the run to end; returns its streamed log (logs/NAME.log).
         `watch(log so far)` is called every 0.5 s while the run goes on (tests act on it)."""
-        for p in [*self.procs[:1], *self.nodes.values()]:
+        for p in [q for q in (self.link, *self.nodes.values()) if q is not None]:
             if p.poll() is not None:
                 raise FederationError(f"{shlex.join(p.args[:1])} exited with code {p.returncode} before the run")
         log_path = self.dir / "logs" / f"{name}.log"

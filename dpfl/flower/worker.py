@@ -161,22 +161,23 @@ def _start(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket of a worker that is gone
     with open(path.with_suffix(".log"), "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "dpfl.flower.worker", str(path), str(os.getppid())],
+        subprocess.Popen([sys.executable, "-m", "dpfl.flower.site", str(path), str(os.getppid())],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 # ---------------------------------------------------------------- the worker
 
 
-def serve(path: Path, watch_pid: int, idle: float = IDLE_S) -> None:
-    """Answer messages on `path` one at a time until `watch_pid` is gone or `idle` s pass."""
+def serve(path: Path, watch_pid: int, load_handlers, idle: float = IDLE_S) -> None:
+    """Answer messages on `path` one at a time until `watch_pid` is gone or `idle` s pass, with the
+    handlers `load_handlers()` gives (called once listening: the first caller waits for it)."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(path))
     os.chmod(path, 0o600)
     srv.listen(4)
     srv.settimeout(1.0)
     last = time.monotonic()
-    from dpfl.flower.client import HANDLERS  # after listening: the first caller waits for this import
+    handlers = load_handlers()
 
     try:
         while time.monotonic() - last < idle and _alive(watch_pid):
@@ -188,7 +189,7 @@ def serve(path: Path, watch_pid: int, idle: float = IDLE_S) -> None:
                 if not _same_user(conn):
                     continue
                 conn.settimeout(None)
-                _answer(conn, HANDLERS)
+                _answer(conn, handlers)
             last = time.monotonic()
     finally:
         srv.close()
@@ -229,7 +230,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-if __name__ == "__main__":
-    serve(Path(sys.argv[1]), int(sys.argv[2]))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 _BY_MODULE: dict[str, dict[str, str]] = {
     "dpfl.schemes.registry": {
-        "fl-std": "FL-STD (thesis §2.1): local SGD, data-size-weighted mean of updates (FedAvg)",
-        "fedavg": "FedAvg (McMahan et al.), same as fl-std",
+        "fl-std": ("FL-STD (thesis §2.1): local SGD, data-size-weighted mean of updates (FedAvg); secure = true: "
+                   "updates clipped to clip, secure sum (fixed point), mean, no client-level noise"),
+        "fedavg": "FedAvg (McMahan et al.), same as fl-std (secure = true likewise)",
         "fedsgd": "FedSGD: one full-batch gradient per client, server step η·weighted mean",
     },
     "dpfl.schemes.catalog": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ import torch
 
 from dpfl.compression.base import Float32Codec
 from dpfl.errors import ConfigError
-from dpfl.schemes.aggregators import WeightedMeanAggregator
+from dpfl.schemes.aggregators import MeanAggregator, WeightedMeanAggregator
 from dpfl.schemes.base import Aggregator, RoundContext, SetupContext, Step, Transport
 from dpfl.schemes.index import SCHEMES, list_schemes  # noqa: F401  (list_schemes re-exported)
 from dpfl.schemes.server_lr import ServerLRStep
@@ -119,14 +120,52 @@ def build_scheme(name: str, options: dict[str, Any], env: dict[str, Any]) -> Sch
         raise ConfigError(f"scheme {name!r}: {e}") from None
 
 
+def _fedavg(name: str, secure: bool, clip: float | None, frac_bits: int | None, tolerate: int | None,
+            cohort_size: int) -> Scheme:
+    """FedAvg with plain float32 updates and the data-size-weighted mean, or (`secure = true`) the
+    cross-silo form: each client clips its update to L2 norm `clip` (so every value is in ±clip, the
+    fixed-point range), the updates reach the server only as a secure sum (`SecAggTransport`,
+    fixed point at 2^-frac_bits, stochastic rounding), and the server takes the unweighted mean over
+    the clients in the sum. No client-level noise: pair it with train.dpsgd for record-level DP.
+    `tolerate` (l, default 0): clients that may drop after masking without aborting the round;
+    `frac_bits` default 20."""
+    if not isinstance(secure, bool):
+        raise ConfigError(f"scheme {name!r}: secure must be true or false, got {secure!r}")
+    if not secure:
+        if clip is not None or frac_bits is not None or tolerate is not None:
+            raise ConfigError(f"scheme {name!r}: clip, frac_bits and tolerate apply only with secure = true")
+        return Scheme(name, [], PlainTransport(), WeightedMeanAggregator())
+    from dpfl.schemes.dp import ClipStep
+    from dpfl.schemes.secure_sum import SecAggTransport
+
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0:
+        raise ConfigError(f"scheme {name!r}: secure = true needs clip, the L2 bound on each update "
+                          f"(a number > 0: it sets the fixed-point range), got {clip!r}")
+    if frac_bits is not None and (isinstance(frac_bits, bool) or not isinstance(frac_bits, int)
+                                  or not 0 <= frac_bits <= 52):
+        raise ConfigError(f"scheme {name!r}: frac_bits must be an integer in [0, 52], got {frac_bits!r}")
+    if tolerate is not None and (isinstance(tolerate, bool) or not isinstance(tolerate, int) or tolerate < 0):
+        raise ConfigError(f"scheme {name!r}: tolerate must be an integer ≥ 0, got {tolerate!r}")
+    frac_bits = 20 if frac_bits is None else frac_bits
+    tolerate = 0 if tolerate is None else tolerate
+    clip = float(clip)
+    transport = SecAggTransport("fixed", clip_range=clip, frac_bits=frac_bits, max_dropouts=tolerate,
+                                cohort=cohort_size if cohort_size >= 2 else None)
+    # what a deployed client compares with the server's scheme names the encoding too
+    transport.name = f"secagg(fixed, ±{clip:g}, 2^-{frac_bits}, l={tolerate})"
+    return Scheme(name, [ClipStep(clip)], transport, MeanAggregator())
+
+
 @register("fl-std")
-def fl_std() -> Scheme:
-    return Scheme("fl-std", [], PlainTransport(), WeightedMeanAggregator())
+def fl_std(secure: bool = False, clip: float | None = None, frac_bits: int | None = None,
+           tolerate: int | None = None, cohort_size: int = 0) -> Scheme:
+    return _fedavg("fl-std", secure, clip, frac_bits, tolerate, cohort_size)
 
 
 @register("fedavg")
-def fedavg() -> Scheme:
-    return Scheme("fedavg", [], PlainTransport(), WeightedMeanAggregator())
+def fedavg(secure: bool = False, clip: float | None = None, frac_bits: int | None = None,
+           tolerate: int | None = None, cohort_size: int = 0) -> Scheme:
+    return _fedavg("fedavg", secure, clip, frac_bits, tolerate, cohort_size)
 
 
 @register("fedsgd")

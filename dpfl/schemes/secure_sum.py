@@ -136,6 +136,7 @@ class SecAggTransport(Transport):
         else:
             out = torch.from_numpy(ring.centred_lift(total, bits))
         out = out.to(ctx.device)  # the protocol runs on the CPU; the round goes on on the run's device
+        self.bits_per_value = bits  # the round's width on the wire (the round's cost formula reads it)
         ctx.metrics["secagg_bits"] = float(bits)
         ctx.metrics["secagg_dropped"] = float(n_drop)
         ctx.metrics["secagg_protocol_bytes"] = float(stats["protocol_bytes"].mean())

@@ -39,8 +39,9 @@ def test_checkpoint_that_runs_code_is_refused(tmp_path, tiny_config):
     _run(tmp_path, tiny_config, **{"federation.rounds": 1})
     marker = tmp_path / "code-ran"
     torch.save({"round": 1, "w": _RunsCode(marker)}, tmp_path / "run" / "checkpoint.pt")
-    with pytest.raises(DataError, match=r"run/checkpoint.pt: refusing to load.*could run code.*os.makedirs"):
+    with pytest.raises(DataError, match=r"run/checkpoint.pt: refusing to load.*could run code.*os.makedirs") as e:
         Simulation.resume(tmp_path / "run", **QUIET)
+    assert "safe_globals" not in str(e.value) and "allowlist" not in str(e.value)  # no advice to let it run
     with pytest.raises(DataError, match=r"checkpoint.pt: refusing to load"):
         load_final_model(tmp_path / "run")  # what `dpfl attacks membership RUN_DIR` reads
     assert not marker.exists()

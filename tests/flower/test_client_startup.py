@@ -12,8 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomli_w
 from flower_helpers import SIGN_DP, config, loopback, require_row_contract
 
+from dpfl.config import load_config
+from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,9 +64,31 @@ def round_messages() -> dict[str, bytes]:
     return lb.seen
 
 
+@pytest.fixture(scope="module")
+def signed_messages(tmp_path_factory) -> dict[str, bytes]:
+    """The same for a signed round (node keys and peers.toml: the consistency exchange too)."""
+    from dpfl.flower import certs
+
+    require_row_contract()
+    pki = tmp_path_factory.mktemp("certs")
+    certs.make_node_keys(pki, 3)
+    data = config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3})
+    lb = Capturing({"dpfl-config": tomli_w.dumps(data)},
+                   {100 + i: {"partition-id": i, "num-partitions": 3, "dpfl-seeded": True,
+                              "signing-key": str(pki / f"node-{i}"), "peers": str(pki / certs.PEERS)} for i in range(3)})
+    Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lambda s: None).run()
+    assert "train.sa_consistency" in lb.seen
+    return lb.seen
+
+
 @pytest.mark.parametrize("kind", ["train.sa_mask", "train.sa_unmask"])
 def test_the_masking_and_unmasking_phases_load_no_training_code(tmp_path, round_messages, kind):
     assert _modules(tmp_path, round_messages[kind]) == []
+
+
+@pytest.mark.parametrize("kind", ["train.sa_mask", "train.sa_consistency", "train.sa_unmask"])
+def test_the_signed_phases_that_do_not_train_load_no_training_code(tmp_path, signed_messages, kind):
+    assert _modules(tmp_path, signed_messages[kind]) == []
 
 
 def test_the_training_phase_loads_it(tmp_path, round_messages):

@@ -146,3 +146,24 @@ def test_a_killed_serverapp_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
     assert res["summary"]["epsilon_final"] == ref[-1]["epsilon"]
     assert [m["round"] for m in res["metrics"]] == [1, 2, 3, 4]
     assert [m["accuracy"] for m in res["metrics"]] == [m["accuracy"] for m in ref]
+
+
+@pytest.mark.integration
+def test_a_restarted_superlink_keeps_its_sites(tmp_path):
+    """kill -9 of the SuperLink, restarted on its database: the SuperNodes are not logged out (no
+    registration again) and a run over all three sites completes."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3})
+    app = write_app(tmp_path / "app", tomli_w.dumps(data), out_dir=str(tmp_path / "out"), reproducible=True,
+                    timeout=300, node_wait=120)
+    try:
+        with LocalFederation(tmp_path / "fed", 3, tls=True, auth=True, seeded=True) as fed:
+            time.sleep(5)  # the SuperNodes have connected
+            fed.restart_superlink()
+            text = fed.run(app, timeout=600)
+    finally:
+        _stop_leftovers(tmp_path)
+    (r1,) = _rounds(text)
+    assert r1["answered"] == 3
+    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "fed" / "logs").glob("supernode-*.log"))
+    assert "Unauthorized" not in logs and "authentication failed" not in logs

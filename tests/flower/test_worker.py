@@ -1,0 +1,66 @@
+"""The site worker (`dpfl.flower.worker`): a training message forwarded to it gets the reply and
+leaves the node state the in-process handler gives; a handler's error comes back with its type;
+the socket directory must be this user's alone."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+from flower_helpers import SIGN_DP, config, require_row_contract
+from test_client_startup import Capturing
+
+from dpfl.errors import ConfigError, ProtocolError
+from dpfl.flower import worker
+from dpfl.flower.client import HANDLERS
+from dpfl.flower.local import _cmdline
+
+
+@pytest.fixture
+def sockets(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield tmp_path
+    for pid in [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]:
+        if "dpfl.flower.site" in _cmdline(pid) and str(tmp_path) in _cmdline(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _messages() -> dict[str, tuple]:
+    from flower_helpers import loopback
+
+    co, lb = loopback(config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3}), cls=Capturing)
+    co.run()
+    return {k: pickle.loads(v) for k, v in lb.seen.items()}
+
+
+def test_a_message_in_the_worker_equals_the_message_in_process(sockets):
+    require_row_contract()
+    seen = _messages()
+    for kind in ("query", "train.sa_train", "evaluate"):
+        _, content, state, nc, rc = seen[kind]
+        here, there = pickle.loads(pickle.dumps(state)), pickle.loads(pickle.dumps(state))
+        want = HANDLERS[kind](content, here, nc, rc)
+        got = worker.call(kind, content, there, nc, rc, run_id=7, node_id=100)
+        assert set(got) == set(want) and set(there) == set(here)
+        if kind == "train.sa_train":  # the encoded row and the shares (seeded: the same bytes)
+            assert (there["dpfl_words"]["w"].numpy() == here["dpfl_words"]["w"].numpy()).all()
+            assert got["secagg"] == want["secagg"]
+        if kind == "evaluate":
+            assert got["reply"] == want["reply"]
+    _, content, state, nc, rc = seen["train.sa_train"]
+    with pytest.raises(ProtocolError, match="already took part in round 1"):  # the state came back: key used
+        worker.call("train.sa_train", content, there, nc, rc, run_id=7, node_id=100)
+    with pytest.raises(ConfigError, match="partition-id must be an integer"):
+        worker.call("query", content, state, {"partition-id": 9}, rc, run_id=7, node_id=100)
+
+
+def test_a_socket_directory_others_can_open_is_refused(sockets):
+    d = sockets / f"dpfl-{os.getuid()}"
+    d.mkdir(mode=0o777)
+    d.chmod(0o777)
+    with pytest.raises(ConfigError, match="must belong to this user with mode 0700"):
+        worker.socket_path(1, 2)
