@@ -71,13 +71,15 @@ def app_cmd(
                                                 "test data, on every site's held-out data added up, or both"),
     resume: bool = typer.Option(False, help="continue the run in --results from its checkpoint (its ledger: "
                                             "the ε spent is kept)"),
+    peers: str = typer.Option("", help="the operator-approved site keys (peers.toml) on the SuperLink machine: "
+                                       "a site that cannot prove its listed key is refused"),
 ) -> None:
     """Write the Flower App (a pyproject.toml) that runs a dpfl config."""
     from dpfl.flower.appdir import write_app
 
     try:
         d = write_app(out_dir, _config_text(config, set_ or []), out_dir=results, reproducible=reproducible,
-                      timeout=timeout, evaluation=evaluation, resume=resume)
+                      timeout=timeout, evaluation=evaluation, resume=resume, peers=peers)
     except (DpflError, OSError) as e:
         _fail(e)
     console.print(f"wrote {d / 'pyproject.toml'}; run it with: flwr run {d} <connection> --stream")

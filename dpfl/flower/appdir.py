@@ -16,12 +16,12 @@ PYPROJECT = "pyproject.toml"
 
 
 def app_pyproject(config_text: str, out_dir: str = "", reproducible: bool = False, timeout: float = 300.0,
-                  node_wait: float = 120.0, resume: bool = False, evaluation: str = "both") -> str:
+                  node_wait: float = 120.0, resume: bool = False, evaluation: str = "both", peers: str = "") -> str:
     """pyproject.toml text for a Flower App running `config_text` (validated first)."""
     parse_run_config(config_text)
     run_config = settings({CONFIG_KEY: config_text, "out-dir": str(out_dir), "reproducible": reproducible,
                            "timeout": float(timeout), "node-wait": float(node_wait), "resume": resume,
-                           "evaluation": evaluation})
+                           "evaluation": evaluation, "peers": str(peers)})
     doc = {
         "project": {"name": "dpfl-flower-app", "version": dpfl.__version__,
                     "description": "a dpfl run on Flower's deployment runtime", "license": "Apache-2.0",

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from dpfl.engine import checkpoint as ckpt
 from dpfl.engine.evaluate import evaluate
 from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY, Simulation
 from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
-from dpfl.flower import wire
+from dpfl.flower import certs, wire
 from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg
 from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, run_round
@@ -80,7 +80,8 @@ class Coordinator:
 
     def __init__(self, cfg: RunConfig, exchange: Exchange, nodes: list[int], out_dir: str | Path | None = None,
                  reproducible: bool = False, timeout: float = 300.0, log: Callable[[str], None] = print,
-                 resume: bool = False, evaluation: str = "both"):
+                 resume: bool = False, evaluation: str = "both", peers: Mapping[int, Any] | None = None,
+                 config_text: str = ""):
         if cfg.attack is not None and cfg.attack.name != "none":
             raise ConfigError("attacks are simulation-only; remove the [attack] section to deploy")
         check_record_dp(cfg)
@@ -88,6 +89,8 @@ class Coordinator:
             raise ConfigError(f"evaluation must be one of {', '.join(EVALUATION)}, got {evaluation!r}")
         self.cfg, self.exchange, self.timeout, self.log = cfg, exchange, float(timeout), log
         self.evaluation = evaluation
+        # the operator-approved site keys (certs.read_peers): every site must prove its key at hello
+        self.peers, self.config_text = peers, config_text
         self.reproducible = reproducible
         self.out = Path(out_dir) if out_dir else None
         if resume:
@@ -189,6 +192,11 @@ class Coordinator:
             self.signing[cid] = signing
         else:
             self.signing.pop(cid, None)
+        if self.peers is not None and not (
+                signing is not None and cid in self.peers
+                and certs.check_binding(self.peers[cid], signing[1], self.config_text, cid, signing[0])):
+            raise ProtocolError(f"node {node} claims client {cid} without a binding by that site's key in the "
+                                "server's peers file: refused")
         self.sizes[cid], self.round_keys[cid] = h["size"], h["keys"]
         return cid, h["seeded"]
 

@@ -435,8 +435,9 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     elif config_text is None:
         raise ConfigError("a local federation needs a config")
     cfg = parse_run_config(config_text)
+    peers = work / "federation" / "certs" / certs.PEERS if auth else ""  # written when the federation starts
     app_dir = write_app(work / "app", config_text, out_dir=str(out), reproducible=reproducible,
-                        timeout=min(timeout, 600.0), resume=resume, evaluation=evaluation)
+                        timeout=min(timeout, 600.0), resume=resume, evaluation=evaluation, peers=str(peers))
     extra = {i: dict((node_config or {}).get(i, {})) for i in range(cfg.data.n_clients)}
     for i, p in (data_paths or {}).items():
         extra[i]["data-path"] = str(Path(p).absolute())

@@ -11,6 +11,8 @@ with `flwr run --run-config 'key=value'`):
     node-wait      seconds to wait for data.n_clients SuperNodes to connect
     evaluation     server | federated | both (default): the global model on the server's test data,
                    on every site's held-out data (its test-path file) added up, or both
+    peers          the operator-approved site keys (peers.toml, on the SuperLink machine): a site must
+                   sign with the key listed for its partition id, or it is refused ("" = no check)
     resume         continue the run in out-dir from its checkpoint.pt (model, scheme state, privacy
                    ledger: the ε already spent is kept); default false
 """
@@ -26,12 +28,13 @@ from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from dpfl.errors import ConfigError
+from dpfl.flower import certs
 from dpfl.flower.client import CONFIG_KEY, parse_run_config, run_config_text
 from dpfl.flower.coordinator import EVALUATION, Coordinator, Reply
 from dpfl.flower.wire import content_nbytes
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproducible": False, "timeout": 300.0,
-                                       "node-wait": 120.0, "resume": False, "evaluation": "both"}
+                                       "node-wait": 120.0, "resume": False, "evaluation": "both", "peers": ""}
 
 
 class GridExchange:
@@ -100,6 +103,8 @@ def settings(run_config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("reproducible", "resume"):
         if not isinstance(s[key], bool):
             raise ConfigError(f"run config {key} must be true or false, got {s[key]!r}")
+    if not isinstance(s["peers"], str):
+        raise ConfigError(f"run config peers must be the path of a peers.toml, got {s['peers']!r}")
     if s["evaluation"] not in EVALUATION:
         raise ConfigError(f"run config evaluation must be one of {', '.join(EVALUATION)}, got {s['evaluation']!r}")
     if s["resume"] and not s["out-dir"]:
@@ -120,7 +125,8 @@ def main(grid: Grid, context: Context) -> None:
     nodes = wait_for_nodes(grid, cfg.data.n_clients, float(s["node-wait"]))
     co = Coordinator(cfg, GridExchange(grid), nodes, out_dir=s["out-dir"] or None, reproducible=s["reproducible"],
                      timeout=float(s["timeout"]), log=lambda line: print(line, flush=True), resume=s["resume"],
-                     evaluation=s["evaluation"])
+                     evaluation=s["evaluation"], peers=certs.read_peers(s["peers"]) if s["peers"] else None,
+                     config_text=run_config_text(s))
     summary = co.run(on_round=lambda m: print("dpfl-round " + json.dumps(m), flush=True))
     print("dpfl-summary " + json.dumps(summary), flush=True)
     if summary["rounds_aborted"] and summary["stopped"] and summary["stopped"].startswith("all "):

@@ -391,3 +391,29 @@ def test_a_restarted_site_rejoins_with_a_fresh_signing_key_and_only_signing(pki,
     assert [m["answered"] for m in co.history] == [2, 2, 2]
     assert any("node 102 cannot rejoin: client 2 does not sign its secure rounds, this run's are signed" in ln
                for ln in co.lines)
+
+
+def test_the_server_admits_only_sites_that_prove_their_approved_key(pki, tmp_path):
+    """Run config peers: a node signing with a key that is not the one approved for its partition id
+    (a key someone else registered) is refused at hello; the approved sites run."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3})
+    text = tomli_w.dumps(data)
+    approved = certs.read_peers(pki / certs.PEERS)
+
+    def run(node_configs):
+        lb = Loopback({"dpfl-config": text}, node_configs)
+        co = Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lambda s: None,
+                         peers=approved, config_text=text)
+        return co.run()
+
+    assert run(nodes(pki, 3))["rounds_run"] == 1
+    rogue = tmp_path / "rogue"
+    certs.make_node_keys(rogue, 3)  # its own keys and its own peers file, which the sites trust
+    with pytest.raises(ProtocolError, match="claims client 2 without a binding by that site's key in the server's "
+                                            "peers file: refused"):
+        run({**{k: v for k, v in nodes(pki, 3).items() if k != 102},
+             102: {"partition-id": 2, "num-partitions": 3, "dpfl-seeded": True,
+                   "signing-key": str(rogue / "node-2"), "peers": str(rogue / certs.PEERS)}})
+    with pytest.raises(ProtocolError, match="claims client 0 without a binding"):
+        run(nodes(pki, 3, signing=()))  # unsigned sites cannot prove anything
