@@ -95,9 +95,9 @@ def test_three_sites_survive_a_killed_site_and_it_rejoins(tmp_path):
         with LocalFederation(tmp_path / "fed", 3, tls=True, auth=True, seeded=True) as fed:
             def watch(text: str) -> None:
                 n = len(_rounds(text))
-                if n >= 1 and "kill" not in done:
-                    time.sleep(1.0)  # round 2's training message is out
-                    fed.kill_node(2)
+                site = (tmp_path / "fed" / "logs" / "supernode-2.log").read_text(errors="replace")
+                if n >= 1 and "kill" not in done and site.count("Receiving: train.sa_train") >= 2:
+                    fed.kill_node(2)  # it has received round 2's training message
                     done["kill"] = time.monotonic()
                 if n >= 2 and "restart" not in done:
                     fed.start_node(2)
@@ -108,6 +108,7 @@ def test_three_sites_survive_a_killed_site_and_it_rejoins(tmp_path):
         _stop_leftovers(tmp_path)
     rounds = _rounds(text)
     _, ref = simulate(data)
+    assert done["kill"] and "train.sa_train: node" in text and "did not answer (dropped)" in text
     assert [m["round"] for m in rounds] == [1, 2, 3, 4, 5]
     assert all("aborted" not in m for m in rounds)
     assert rounds[1]["answered"] == 2 and rounds[1]["absent"] == [2]
