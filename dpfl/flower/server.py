@@ -115,6 +115,11 @@ def settings(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return s
 
 
+def _stamped(line: str) -> None:
+    """A log line with the UTC time in front (Flower's own log lines carry none)."""
+    print(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + line, flush=True)
+
+
 app = ServerApp()
 
 
@@ -124,7 +129,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(run_config_text(s))
     nodes = wait_for_nodes(grid, cfg.data.n_clients, float(s["node-wait"]))
     co = Coordinator(cfg, GridExchange(grid), nodes, out_dir=s["out-dir"] or None, reproducible=s["reproducible"],
-                     timeout=float(s["timeout"]), log=lambda line: print(line, flush=True), resume=s["resume"],
+                     timeout=float(s["timeout"]), log=_stamped, resume=s["resume"],
                      evaluation=s["evaluation"], peers=certs.read_peers(s["peers"]) if s["peers"] else None,
                      config_text=run_config_text(s))
     summary = co.run(on_round=lambda m: print("dpfl-round " + json.dumps(m), flush=True))
