@@ -4,8 +4,9 @@
     dpfl.flower.client:app   the ClientApp: one client's training, client chain and its side
                              of the secure sum (`party.Party`)
     wire                     the records the messages carry
+    worker, site             a site's training process, kept alive between Flower messages
     loopback                 the same handlers in process (tests, dry runs)
-    appdir, certs, local     the Flower App for a config, TLS and node keys, a local federation
+    appdir, certs, local     the Flower App for a config, TLS, node keys and peers.toml, a local federation
     (commands: `dpfl flower certs | app | local` in dpfl/cli/flower.py; `dpfl bench flower` in dpfl/bench/flower.py)
 
 See docs/deployment.md. Importing this package imports nothing heavy: a ClientApp process

@@ -136,22 +136,39 @@ class Coordinator:
 
     # ---- setup ----------------------------------------------------------------------
     def hello(self) -> None:
-        """Learn which client each node holds and its data size; check they built the same scheme."""
+        """Learn which client each node holds and its data size; check they built the same scheme.
+        Every listed node is asked: a node that does not answer, or answers with an error or a
+        hello the checks refuse (a stale id a SuperLink database still lists, a key not in peers),
+        is left out and logged; each client must then be held by exactly one node."""
         n = self.cfg.data.n_clients
-        if len(self.nodes) != n:
+        if len(self.nodes) < n:
             raise ConfigError(f"{len(self.nodes)} nodes connected but data.n_clients = {n}: one node per client")
-        replies = self.exchange("query", {node: RecordDict() for node in self.nodes}, self.timeout)
-        seeded = set()
+        replies = self.exchange("query", {node: RecordDict() for node in self.nodes}, self.timeout, n)
+        seeded, claims, left = set(), {}, {}
         for node in self.nodes:
             rep = replies.get(node)
             if rep is None or rep.content is None:
-                raise ProtocolError(f"node {node} did not answer the hello: {rep.error if rep else 'timeout'}")
-            cid, is_seeded = self._greet(node, rep.content)
-            if cid in self.node_of:
-                raise ConfigError(f"node {node} claims partition-id {cid}, which node {self.node_of[cid]} holds: "
-                                  "ids must be distinct")
-            self.node_of[cid] = node
+                left[node] = f"did not answer the hello: {rep.error if rep else 'no reply'}"
+                continue
+            try:
+                cid, is_seeded = self._greet(node, rep.content)
+            except (ProtocolError, ConfigError) as e:
+                if len(self.nodes) == n:
+                    raise  # no spare node: the run cannot start
+                left[node] = str(e)
+                continue
+            claims.setdefault(cid, []).append(node)
             seeded.add(is_seeded)
+        twice = {c: v for c, v in claims.items() if len(v) > 1}
+        if twice:
+            raise ConfigError(f"several nodes claim the same partition-id: {twice}; ids must be distinct")
+        for node, why in left.items():
+            self.log(f"node {node} left out: {why}")
+        missing = sorted(set(range(n)) - set(claims))
+        if missing:
+            why = "; ".join(f"node {node} {why}" for node, why in left.items())
+            raise ProtocolError(f"no node answered the hello for clients {missing} ({why})")
+        self.node_of = {cid: v[0] for cid, v in sorted(claims.items())}
         self.signed = self._signing_policy()
         if self.reproducible and seeded != {True}:
             self.log("note: reproducible server but unseeded clients: results will not match the simulator")

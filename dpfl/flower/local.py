@@ -246,6 +246,8 @@ class LocalFederation:
             certs.make_node_keys(self.certs_dir, self.n)
         self.port = free_port()
         self._write_connection()
+        for f in self.dir.glob("superlink.db*"):  # a new SuperLink: no nodes or runs of an earlier one
+            f.unlink()
         self.link = self._spawn(self.superlink_command(), "superlink")
         self._wait_healthy(self.link, timeout)
         if self.auth:

@@ -84,12 +84,13 @@ class GridExchange:
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
-    """The ids of n connected SuperNodes (the first n, sorted), waiting up to `timeout` seconds."""
+    """The ids of the connected SuperNodes once there are at least n (all of them, sorted: the hello
+    finds which hold the clients), waiting up to `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= n:
-            return nodes[:n]
+            return nodes
         if time.monotonic() > deadline:
             raise ConfigError(f"only {len(nodes)} of data.n_clients = {n} SuperNodes connected within {timeout:.0f} s")
         time.sleep(0.5)

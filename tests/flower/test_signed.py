@@ -94,7 +94,7 @@ def test_a_signing_key_that_is_not_the_sites_peers_entry_fails_at_hello(pki):
     with pytest.raises(ProtocolError) as e:
         co.run()
     msg = str(e.value)
-    assert "\n" not in msg and "node 100 did not answer the hello: ConfigError" in msg
+    assert "\n" not in msg and "for clients [0] (node 100 did not answer the hello: ConfigError" in msg
     assert f"signing-key {pki / 'node-1'} is not the key peers file {pki / certs.PEERS} lists for client 0" in msg
 
 

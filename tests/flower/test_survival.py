@@ -188,3 +188,18 @@ def test_a_site_file_the_model_cannot_take_is_one_line(tmp_path):
         LocalClient(load_config(data=data), NodeSettings(0, str(labels)))
     with pytest.raises(ConfigError, match="unknown node config keys"):
         NodeSettings.parse({"partition-id": 0, "data_path": "x"}, 3)
+
+
+def test_a_stale_node_the_superlink_still_lists_is_left_out_at_hello():
+    """A SuperLink on a database lists nodes of earlier runs that are gone: the hello asks every
+    listed node, leaves out those that do not answer, and runs with one node per client."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3})
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)},
+                  {**node_configs(3), 99: {"partition-id": 1, "num-partitions": 3, "dpfl-seeded": True}})
+    lb.kill(99)
+    lines: list[str] = []
+    co = Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lines.append)
+    co.run()
+    assert co.node_of == {0: 100, 1: 101, 2: 102} and co.history[0]["answered"] == 3
+    assert any(ln.startswith("node 99 left out: did not answer the hello") for ln in lines)
