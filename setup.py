@@ -1,7 +1,8 @@
-"""Build hook for the optional C mask kernel (dpfl.secagg._maskkernel); all metadata is in pyproject.toml.
+"""Build hook for the optional C kernels (dpfl.secagg._maskkernel, dpfl.rng._gausskernel); all
+metadata is in pyproject.toml.
 
-`optional=True`: where it cannot be compiled, dpfl installs without it and dpfl.secagg.prg
-computes the same masks in Python (slower, same words).
+`optional=True`: where one cannot be compiled, dpfl installs without it and dpfl.secagg.prg /
+dpfl.rng.gauss compute the same words and values in Python (slower).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,12 @@ setup(
             ["dpfl/secagg/_maskkernel.c"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        Extension(
+            "dpfl.rng._gausskernel",
+            ["dpfl/rng/_gausskernel.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=True,
+        ),
     ]
 )

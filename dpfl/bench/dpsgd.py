@@ -1,7 +1,7 @@
 """`dpfl bench dpsgd`: DP-SGD training throughput of dpfl vs every Opacus mode, same model and batch.
 
 One measured step = clipped gradient sum, Gaussian noise, parameter update, on a fixed batch
-(sampling excluded on both sides). dpfl draws its noise from CryptoRNG (AES-CTR); Opacus from
+(sampling excluded on both sides). dpfl draws its noise from CryptoRNG (ChaCha20); Opacus from
 torch's default generator (secure_mode off). Within a round every contender runs once, in an order
 rotated each round, so that load changes on a shared machine hit all alike; the median step
 time of each is reported.
@@ -182,6 +182,6 @@ def _print(out: dict) -> None:
         )
     con.print(t)
     con.print(
-        f"dpfl path: {out['path']}; noise from CryptoRNG (AES-CTR), Opacus from torch's generator; "
+        f"dpfl path: {out['path']}; noise from CryptoRNG (ChaCha20), Opacus from torch's generator; "
         f"{out['opacus']}"
     )

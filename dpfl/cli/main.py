@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "generate": ("dpfl.cli.collab", "generate_cmd", ("Private dataset generation: teachers label public data "
                                                      "by noisy max (NPZ + CSV + privacy report).")),
+    "audit": ("dpfl.cli.audit", "audit_cmd", ("Privacy audit in one run: canaries, Steinke et al.'s ε lower bound "
+                                              "beside the accounted ε (audit.json).")),
     "privacy": ("dpfl.cli.privacy", "app", "Privacy accounting: ε for σ, σ for ε."),
     "data": ("dpfl.cli.data", "app", "Datasets and partitions."),
     "models": ("dpfl.cli.models", "app", "Models."),
@@ -40,7 +42,7 @@ _LAZY = {
     "classic": ("dpfl.cli.classic", "app", "DP classical models: functional mechanism, DP-SVM, DP random forest."),
     "stats": ("dpfl.cli.stats", "app", "DP statistics of a column: mean, count, histogram."),
 }
-_LAZY_COMMANDS = ("generate",)  # `dpfl generate CONFIG` is the same command as `dpfl collab generate`
+_LAZY_COMMANDS = ("generate", "audit")  # `dpfl generate CONFIG` is the same command as `dpfl collab generate`
 
 
 class _Placeholder(TyperCommand):
@@ -435,6 +437,23 @@ def bench_flower(
     res = run_bench(dump_config(cfg), evaluation=evaluation, console=console)
     if json_out:
         console.print_json(json.dumps({k: v for k, v in res.items() if k not in ("metrics", "simulator", "commands")}))
+
+
+@bench_app.command("noise")
+def bench_noise(
+    values: int = typer.Option(1 << 22, min=1 << 12, help="Values per timed draw on the CPU."),
+    device: str = typer.Option(None, help="Also draw on this device (e.g. cuda), and run the rounds there."),
+    rounds: int = typer.Option(3, min=2, help="Rounds per scheme for the round table (the first is warm-up)."),
+    skip_rounds: bool = typer.Option(False, "--no-rounds", help="Only the sampler rates."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
+) -> None:
+    """DP noise: Gaussians per second (one core, all cores, a device) beside the keystream, torch.randn,
+    NumPy and the sampler before; and the noise share of setting-D DP rounds."""
+    from dpfl.bench.noise import run_bench
+
+    res = run_bench(n=values, device=device, rounds=rounds, with_rounds=not skip_rounds, console=console)
+    if json_out:
+        console.print_json(json.dumps(res))
 
 
 @bench_app.command("cli")

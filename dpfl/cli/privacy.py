@@ -104,7 +104,7 @@ def epsilon(
     delta: float = typer.Option(1e-5, "--delta", help="target delta, in (0, 1)"),
     accountant: str = typer.Option(
         "rdp", "--accountant",
-        help=_ACC_HELP + " (default rdp: instant; pld is tighter but loads dp-accounting and scipy, ~2 s)"),
+        help=_ACC_HELP + " (default rdp; pld is the tightest: dp-accounting's PLD algorithm, in numpy)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object as the last line"),
 ):
     """epsilon after STEPS subsampled Gaussian steps (Poisson, or without replacement)."""

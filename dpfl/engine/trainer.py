@@ -12,7 +12,7 @@ from dpfl.data.dataset import as_model_input
 from dpfl.dpsgd.core import clipped_grad_sum
 from dpfl.engine.cohort import CohortModel, LowRank
 from dpfl.errors import ConfigError
-from dpfl.rng import CryptoRNG
+from dpfl.rng import CryptoRNG, gaussian_rows
 from dpfl.threads import for_each
 
 
@@ -207,8 +207,14 @@ class Trainer:
         grads = {n: torch.cat([p[n] for p in parts]) if len(parts) > 1 else parts[0][n] for n in params}
         dtypes = {g.dtype for g in grads.values()}
         dtype = dtypes.pop() if len(dtypes) == 1 else torch.float64
-        bufs = [torch.empty(sum(g[0].numel() for g in grads.values()), dtype=dtype)
-                for _ in range(min(k, max(1, torch.get_num_threads())))]
+        total = sum(g[0].numel() for g in grads.values())
+        if xb.device.type != "cpu":  # every row's noise at once, where the gradients are
+            noise = torch.empty(k, total, dtype=dtype, device=xb.device)
+            if dp.noise_multiplier > 0:
+                gaussian_rows([dp.rngs[c] for c in range(k)], noise, dp.noise_multiplier * dp.clip)
+            self._add_noise(grads, noise, range(k), dp, sign)
+            return grads
+        bufs = [torch.empty(total, dtype=dtype) for _ in range(min(k, max(1, torch.get_num_threads())))]
 
         def draw(j: int, c: int) -> None:  # the values of gaussian_like(row c's grads, σC, rngs[c]), on the CPU
             dp.rngs[c].gaussian_into(bufs[j], dp.noise_multiplier * dp.clip)
@@ -219,18 +225,22 @@ class Trainer:
             rows = range(s, min(k, s + len(bufs)))
             if dp.noise_multiplier > 0:
                 for_each(len(rows), lambda j, s=s: draw(j, s + j), threads=len(bufs))
-            for j, c in enumerate(rows):
-                on_device = bufs[j].to(xb.device)
-                i, scale = 0, float(dp.expected[c])
-                for g in grads.values():
-                    gc = g[c]
-                    if dp.noise_multiplier > 0:
-                        gc.add_(on_device[i:i + gc.numel()].view(gc.shape))
-                        i += gc.numel()
-                    gc.div_(scale)
-                    if sign is not None:
-                        gc.mul_(float(sign[c]))
+            self._add_noise(grads, bufs, rows, dp, sign)
         return grads
+
+    @staticmethod
+    def _add_noise(grads, noise, rows, dp, sign) -> None:
+        """grads[c] ← (grads[c] + noise row) / L_c, times the row's sign; noise[j] for rows[j]."""
+        for j, c in enumerate(rows):
+            i, scale = 0, float(dp.expected[c])
+            for g in grads.values():
+                gc = g[c]
+                if dp.noise_multiplier > 0:
+                    gc.add_(noise[j][i:i + gc.numel()].to(gc.device).view(gc.shape))
+                    i += gc.numel()
+                gc.div_(scale)
+                if sign is not None:
+                    gc.mul_(float(sign[c]))
 
     def train_sequential(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor,
                          mask: torch.Tensor | None = None, sign: torch.Tensor | None = None,

@@ -195,7 +195,60 @@ def report_runs(run_dirs: list[Path], out: Path, console: Console, wide: bool = 
                   highlight=False)
     for name, common in shared.items():
         console.print(f"all {name} runs: {', '.join(common)}", highlight=False)
+    for label, (d, _, _) in zip(labels, runs):
+        audit = load_audit(d)
+        if audit is not None:
+            print_audit(console, audit, d, title=f"privacy audit of {label}")
     return write_plots(runs, Path(out), console, labels)
+
+
+# ---- privacy audits (audit.json, written by `dpfl audit`) ------------------------------------------
+
+def load_audit(run_dir: Path) -> dict | None:
+    """The run's audit.json, or None if it has none."""
+    path = Path(run_dir) / "audit.json"
+    if not path.is_file():
+        return None
+    try:
+        audit = json.loads(path.read_text())
+    except ValueError:
+        raise DataError(f"{path}: not readable JSON") from None
+    if not isinstance(audit, dict) or "epsilon_accounted" not in audit or "confidence" not in audit:
+        raise DataError(f"{path}: not an audit record (no epsilon_accounted / confidence)")
+    return audit
+
+
+def print_audit(console: Console, audit: dict, run_dir: Path | None = None, title: str = "privacy audit") -> None:
+    """The accounted ε beside the empirical lower bounds (and Andrew et al.'s estimates) of an audit."""
+    def num(v) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    t = Table(title=title)
+    for c in ("observed", "accounted ε", "lower bound", "bound / accounted", "guesses (correct)",
+              "Andrew et al. estimate"):
+        t.add_column(c, justify="left" if c == "observed" else "right")
+    eps = audit.get("epsilon_accounted")
+    for box in ("white", "black"):
+        b = audit.get(box)
+        if b is None:
+            continue
+        lb = b["epsilon_lower_bound"]
+        t.add_row(f"{box} box", num(eps), num(lb), "-" if not eps else f"{lb / eps:.2f}",
+                  f"{b['guesses']} ({b['correct']})", num((b.get("andrew_estimate") or {}).get("epsilon")))
+    console.print(t)
+    what = "canary clients" if audit.get("level") == "client" else "canary records"
+    console.print(f"{audit.get('canaries')} {what}, {audit.get('included')} included; lower bound at confidence "
+                  f"{audit.get('confidence')} and δ = {audit.get('delta')} (Steinke et al., best of "
+                  f"{next((audit[b]['choices'] for b in ('white', 'black') if b in audit), '?')} guess counts, "
+                  "Bonferroni); the estimate is a Gaussian fit, not a bound", highlight=False, soft_wrap=True)
+    if audit.get("flagged"):
+        console.print("[red]FLAGGED[/red]: an empirical lower bound exceeds the accounted ε — the implementation "
+                      "does not deliver the ε it prints (or this was the 1 − confidence chance)", soft_wrap=True)
+    else:
+        console.print("not flagged: no lower bound exceeds the accounted ε (an audit cannot prove the ε holds)",
+                      highlight=False, soft_wrap=True)
+    if run_dir is not None:
+        console.print(f"audit record: {Path(run_dir) / 'audit.json'}", highlight=False, soft_wrap=True)
 
 
 # ---- figures -------------------------------------------------------------------------------------

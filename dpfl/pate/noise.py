@@ -1,4 +1,4 @@
-"""Laplace and Gaussian noise drawn from `CryptoRNG` (AES-CTR keystream, 53-bit uniforms).
+"""Laplace and Gaussian noise drawn from `CryptoRNG` (ChaCha20 keystream; 53-bit uniforms, the ziggurat).
 
 Used by PATE's noisy max, DP-SGD and the dataset generator. Only argmaxes (PATE) or sums of
 noise with real-valued gradients (DP-SGD) are released, never a lone noisy value.
@@ -34,11 +34,11 @@ def laplace(rng: CryptoRNG, size: int | tuple[int, ...], scale: float | np.ndarr
 
 
 def gaussian(rng: CryptoRNG, size: int | tuple[int, ...], std: float | np.ndarray) -> np.ndarray:
-    """N(0, std²) samples, float64: `CryptoRNG.gaussian_into` (Box–Muller on open uniforms)."""
+    """N(0, std²) samples, float64: `CryptoRNG.gaussian_into` (dpfl's one Gaussian sampler)."""
     std = np.asarray(std, dtype=np.float64)
     if np.any(std < 0) or not np.all(np.isfinite(std)):
         raise PrivacyError(f"Gaussian std must be >= 0 and finite, got {std}")
     shape = (size,) if isinstance(size, int) else tuple(size)
-    z = torch.empty(int(np.prod(shape)), dtype=torch.float64)  # dpfl's one Box-Muller (chunked)
+    z = torch.empty(int(np.prod(shape)), dtype=torch.float64)  # dpfl's one Gaussian sampler
     z = rng.gaussian_into(z, float(std) if std.ndim == 0 else 1.0).numpy().reshape(shape)
     return z if std.ndim == 0 else std * z

@@ -3,7 +3,8 @@
 Backends:
 - ``moments``: thesis / Abadi moments accountant (integer lam = 1..32, classic tail bound);
 - ``rdp``: Renyi DP on a fine order grid, improved RDP -> (eps, delta) conversion;
-- ``pld``: privacy-loss distributions of dp-accounting (composed incrementally).
+- ``pld``: privacy-loss distributions, dp-accounting's algorithm (``dpfl.privacy.pld``; the Gaussian
+  and subsampled Gaussian in numpy, other leaves built by dp-accounting), composed incrementally.
 Approximate-DP events are composed basically with the rest under moments/rdp (their
 (eps_i, delta_i) add up); under pld they enter the PLD directly. Sampler total-variation
 errors (``DiscreteGaussianEvent.sampler_tv``) add (1 + e^eps) x their sum to delta.
@@ -112,13 +113,12 @@ class _RdpBackend:
 
 
 class _PldBackend:
-    """State: a dp-accounting PrivacyLossDistribution, or None while empty."""
+    """State: a ``dpfl.privacy.pld.Pld`` (dp-accounting's PLD algebra in numpy), or None while empty.
+
+    The Gaussian and the Poisson-subsampled Gaussian under add/remove neighbours are built in numpy
+    (``pld.gaussian``); every other leaf by dp-accounting, converted, so that only they import it."""
 
     def __init__(self, neighbouring: str, discretization: float):
-        from dp_accounting import privacy_accountant
-
-        rel = privacy_accountant.NeighboringRelation
-        self.rel = rel.ADD_OR_REMOVE_ONE if neighbouring == "add_remove" else rel.REPLACE_ONE
         self.replace = neighbouring == "replace_one"
         self.dx = discretization
         self._cache: dict[tuple[Event, int], Any] = {}
@@ -127,30 +127,10 @@ class _PldBackend:
         return None
 
     def _leaf_pld(self, leaf: Event):
-        from dp_accounting.pld import common
-        from dp_accounting.pld import privacy_loss_distribution as P
+        from dpfl.privacy import pld
 
-        dx = self.dx
-        if isinstance(leaf, GaussianEvent):
-            return P.from_gaussian_mechanism(
-                leaf.noise_multiplier, value_discretization_interval=dx, neighboring_relation=self.rel
-            )
-        if isinstance(leaf, SampledGaussianEvent):
-            return P.from_gaussian_mechanism(
-                leaf.noise_multiplier,
-                value_discretization_interval=dx,
-                sampling_prob=leaf.q,
-                neighboring_relation=self.rel,
-            )
-        if isinstance(leaf, LaplaceEvent):
-            return P.from_laplace_mechanism(
-                leaf.scale, sensitivity=2 if self.replace else 1, value_discretization_interval=dx
-            )
-        if isinstance(leaf, (PureDPEvent, ApproxDPEvent)):
-            d = leaf.delta if isinstance(leaf, ApproxDPEvent) else 0.0
-            return P.from_privacy_parameters(
-                common.DifferentialPrivacyParameters(leaf.epsilon, d), value_discretization_interval=dx
-            )
+        if isinstance(leaf, (GaussianEvent, SampledGaussianEvent)) and not self.replace:
+            return pld.gaussian(leaf.noise_multiplier, getattr(leaf, "q", 1.0), self.dx)
         if isinstance(leaf, SampledWithoutReplacementGaussianEvent):
             raise PrivacyError(
                 "the pld accountant cannot account sampling without replacement (dp-accounting's "
@@ -164,7 +144,33 @@ class _PldBackend:
             )
         if isinstance(leaf, ZCDPEvent):
             raise PrivacyError("zCDP events have no PLD; use accountant='rdp' or 'moments'")
-        raise PrivacyError(f"no PLD for event {type(leaf).__name__}")
+        if not isinstance(leaf, (GaussianEvent, SampledGaussianEvent, LaplaceEvent, PureDPEvent, ApproxDPEvent)):
+            raise PrivacyError(f"no PLD for event {type(leaf).__name__}")
+        return pld.from_dp_accounting(self._dp_accounting_pld(leaf))
+
+    def _dp_accounting_pld(self, leaf: Event):
+        # here: importing dp-accounting takes over 1 s (scipy.stats, scipy.signal); only these leaves need it
+        from dp_accounting.pld import common
+        from dp_accounting.pld import privacy_loss_distribution as P
+        from dp_accounting.privacy_accountant import NeighboringRelation as rel
+
+        dx = self.dx
+        relation = rel.REPLACE_ONE if self.replace else rel.ADD_OR_REMOVE_ONE
+        if isinstance(leaf, (GaussianEvent, SampledGaussianEvent)):
+            return P.from_gaussian_mechanism(
+                leaf.noise_multiplier,
+                value_discretization_interval=dx,
+                sampling_prob=getattr(leaf, "q", 1.0),
+                neighboring_relation=relation,
+            )
+        if isinstance(leaf, LaplaceEvent):
+            return P.from_laplace_mechanism(
+                leaf.scale, sensitivity=2 if self.replace else 1, value_discretization_interval=dx
+            )
+        d = leaf.delta if isinstance(leaf, ApproxDPEvent) else 0.0
+        return P.from_privacy_parameters(
+            common.DifferentialPrivacyParameters(leaf.epsilon, d), value_discretization_interval=dx
+        )
 
     def _pld(self, leaf: Event, count: int):
         key = (leaf, count)
@@ -186,10 +192,10 @@ class _PldBackend:
         return state
 
     def epsilon(self, state, delta: float) -> float:
-        return 0.0 if state is None else max(0.0, float(state.get_epsilon_for_delta(delta)))
+        return 0.0 if state is None else max(0.0, float(state.epsilon(delta)))
 
     def delta(self, state, epsilon: float) -> float:
-        return 0.0 if state is None else min(1.0, float(state.get_delta_for_epsilon(epsilon)))
+        return 0.0 if state is None else min(1.0, float(state.delta(epsilon)))
 
 
 def _tv_of(event: Event, count: int) -> float:

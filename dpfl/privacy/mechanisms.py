@@ -1,4 +1,4 @@
-"""DP mechanisms (NumPy; the Gaussian uses torch's vectorised float64 functions). ``rng`` is a numpy Generator or a ``dpfl.rng.CryptoRNG``;
+"""DP mechanisms (NumPy; the Gaussian is dpfl.rng's ziggurat). ``rng`` is a numpy Generator or a ``dpfl.rng.CryptoRNG``;
 ``secure=True`` draws from a CryptoRNG keyed from the OS (a numpy Generator is then refused).
 
 Continuous noise (Laplace, Gaussian) is built from 53-bit uniforms in (0, 1); prefer the
@@ -48,24 +48,21 @@ def laplace_noise(shape, scale: float, rng=None, *, secure: bool = False) -> np.
 
 
 def gaussian_noise(shape, sigma: float, rng=None, *, secure: bool = False) -> np.ndarray:
-    """N(0, sigma^2) noise in float64: Box-Muller on 53-bit uniforms in (0, 1), both outputs of
-    each pair used (r·cos θ fills the first half, r·sin θ the second), with torch's vectorised
-    float64 log/cos/sin: the values of `CryptoRNG.gaussian_into` and `dpfl.pate.noise.gaussian`.
-    A CryptoRNG is drawn in cache-sized chunks. Single-threaded: callers draw one client's share
-    per thread."""
+    """N(0, sigma^2) noise in float64 from dpfl's one Gaussian sampler (`dpfl.rng.gauss`, the
+    ziggurat on 64-bit words): from a CryptoRNG the values of `CryptoRNG.gaussian_into` and
+    `dpfl.pate.noise.gaussian`; from a numpy Generator the same transform on its 64-bit words.
+    Single-threaded: callers draw one client's share per thread."""
+    from dpfl.rng import gaussian_cpu
+
     s = _pos("sigma", sigma)
     src = source(rng, secure)
     n = int(np.prod(shape))
     z = torch.empty(n, dtype=torch.float64)
     if src.crypto:
         return src.rng.gaussian_into(z, s).numpy().reshape(shape)
-    k = (n + 1) // 2
-    u = torch.from_numpy(src.uniform_open(2 * k))
-    r = u[:k].log().mul_(-2.0).sqrt_().mul_(s)
-    theta = u[k:].mul_(2 * math.pi)
-    z[:k].copy_(torch.cos(theta).mul_(r))
-    z[k:].copy_(torch.sin(theta[: n - k]).mul_(r[: n - k]))
-    return z.numpy().reshape(shape)
+    gen = src.rng
+    words = lambda m: gen.integers(0, 1 << 64, size=m, dtype=np.uint64).view(np.int64)
+    return gaussian_cpu(words, z, s).numpy().reshape(shape)
 
 
 def laplace_mechanism(value, scale: float, rng=None, *, secure: bool = False):

@@ -229,11 +229,11 @@ class _Table:
         self.c_hi = np.array([c >> 64 for c in live], dtype=np.uint64)
         self.c_lo = np.array([c & ((1 << 64) - 1) for c in live], dtype=np.uint64)
         self.tv = tail * (1 + 1e-9) + n * 2.0**-127
+        self._dev: dict = {}
 
-    def _exact(self, words: np.ndarray, src: Source) -> np.ndarray:
-        """Exact output for u = word (32 known top bits) . 96 fresh bits."""
-        r = src.uint64(words.size)
-        r2 = src.uint32(words.size).astype(np.uint64)
+    def _exact(self, words: np.ndarray, r: np.ndarray, r2: np.ndarray) -> np.ndarray:
+        """Exact output for u = word (32 known top bits) . 96 more bits: r (64) then r2 (32) per word."""
+        r2 = r2.astype(np.uint64)
         u_hi = (words.astype(np.uint64) << np.uint64(32)) | (r >> np.uint64(32))
         u_lo = ((r & np.uint64(0xFFFFFFFF)) << np.uint64(32)) | r2
         left = np.searchsorted(self.c_hi, u_hi, side="left")
@@ -243,29 +243,50 @@ class _Table:
             atom[i] += int(np.count_nonzero(self.c_lo[left[i] : right[i]] <= u_lo[i]))
         return atom - self.K
 
+    def lookup(self, w, xp):
+        """Values for 32-bit words w (numpy uint32 array or torch int64 tensor), the exact cases
+        left as a mask: (values, exact). xp: numpy or torch (the tables as that library's arrays)."""
+        lut, thr, lo, hi = self.arrays(xp, w)
+        h = w >> self.L
+        v = lut[h]
+        special = v < -self.K  # SINGLE or MULTI cells: one pass
+        exact = special & False
+        if bool(special.any()):
+            hs, ul = h[special], w[special] & ((1 << self.L) - 1)
+            t = thr[hs]
+            v[special] = xp.where(ul < t, lo[hs], hi[hs])
+            exact[special] = (lut[hs] == self.MULTI) | (ul == t)
+        return v, exact
+
+    def arrays(self, xp, like):
+        if xp is np:
+            return self.lut, self.thr, self.lo, self.hi
+        key = str(like.device)
+        if key not in self._dev:
+            import torch
+
+            self._dev[key] = tuple(torch.from_numpy(a.astype(np.int64)).to(like.device)
+                                   for a in (self.lut, self.thr, self.lo, self.hi))
+        return self._dev[key]
+
     def sample_into(self, out: np.ndarray, src: Source, mean=None) -> None:
-        """Fill 1-D int64 ``out`` with mean + noise (mean: None, an int or an int array like out)."""
-        shift, low = np.uint32(self.L), np.uint32((1 << self.L) - 1)
+        """Fill 1-D int64 ``out`` with mean + noise (mean: None, an int or an int array like out).
+        One 32-bit word per value; the rare exact cases (in index order) then take 64 + 32 more bits
+        each, from the words after all n (all their 64-bit words, then all their 32-bit words)."""
+        idx, words = [], []
         for s in range(0, out.size, _CHUNK):
             e = min(s + _CHUNK, out.size)
             w = src.uint32(e - s)
-            h = w >> shift
-            v = np.take(self.lut, h)
-            special = np.flatnonzero(v < -self.K)  # SINGLE or MULTI cells: one pass
-            if special.size:
-                ws, vs = w[special], v[special]
-                hs, ul = ws >> shift, ws & low
-                t = self.thr[hs]
-                res = np.where(ul < t, self.lo[hs], self.hi[hs])
-                exact = (vs == self.MULTI) | (ul == t)
-                res[exact] = self._exact(ws[exact], src)
-                v[special] = res
-            if mean is None:
-                out[s:e] = v
-            elif np.ndim(mean) == 0:
-                np.add(v, mean, out=out[s:e], dtype=np.int64)
-            else:
-                np.add(mean[s:e], v, out=out[s:e], dtype=np.int64)
+            v, exact = self.lookup(w, np)
+            if exact.any():
+                idx.append(np.flatnonzero(exact) + s)
+                words.append(w[exact])
+            out[s:e] = v
+        if idx:
+            i, ws = np.concatenate(idx), np.concatenate(words)
+            out[i] = self._exact(ws, src.uint64(ws.size), src.uint32(ws.size))
+        if mean is not None:
+            out += mean
 
 
 def _support(name: str, K: int) -> int:
@@ -360,3 +381,47 @@ def discrete_laplace(mu, scale: float, rng=None, *, size=None, secure: bool = Fa
     """mu + discrete Laplace noise (pmf proportional to exp(-|x|/scale)); integer ``mu``."""
     table = _laplace_table(_check_scale("scale", scale))
     return _fast(table, mu, size, source(rng, secure))
+
+
+def discrete_gaussian_rows(mu, sigma: float, rngs: list):
+    """Row r of the result: ``discrete_gaussian(mu[r], sigma, rngs[r])`` (the same values, the
+    same stream positions after), computed where the integer tensor ``mu`` [k, n] is. The table
+    lookups run on its device; the rare exact cases (about 1e-4 of values) are resolved on the CPU."""
+    return _rows_tensor(mu, sigma, rngs, host=mu.device.type == "cpu")
+
+
+def _rows_tensor(mu, sigma: float, rngs: list, host: bool):
+    """`discrete_gaussian_rows` in tensor ops on mu's device (host=True: every row by the CPU sampler)."""
+    import torch
+
+    from dpfl.rng.chacha import words32_rows
+
+    table = _gaussian_table(_check_scale("sigma", sigma))
+    k, n = mu.shape
+    dev = mu.device
+    out = torch.empty(k, n, dtype=torch.int64, device=dev)
+    odd = [r for r, g in enumerate(rngs) if g.position % 4 or host]
+    for r in odd:  # on the CPU (or a stream not at a 32-bit boundary): the CPU sampler
+        out[r] = torch.from_numpy(discrete_gaussian(mu[r].cpu().numpy().astype(np.int64), sigma, rngs[r])).to(dev)
+    todo = [r for r in range(k) if r not in set(odd)]
+    if not todo or n == 0:
+        return out
+    keys = torch.tensor([rngs[r].key_words() for r in todo], dtype=torch.int64, device=dev)
+    start = torch.tensor([rngs[r].position // 4 for r in todo], dtype=torch.int64, device=dev)
+    w = words32_rows(keys, start, n)
+    v, exact = table.lookup(w, torch)
+    rows, idx = exact.nonzero(as_tuple=True)
+    counts = torch.bincount(rows, minlength=len(todo))
+    if rows.numel():
+        ext = words32_rows(keys, start + n, 3 * int(counts.max()))
+        rank = torch.arange(rows.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[rows]
+        r64 = ext[rows, 2 * rank] | (ext[rows, 2 * rank + 1] << 32)  # < 2^64: as uint64 on the host
+        r32 = ext[rows, 2 * counts[rows] + rank]
+        vals = table._exact(w[rows, idx].cpu().numpy().astype(np.uint32), r64.cpu().numpy().view(np.uint64),
+                            r32.cpu().numpy().astype(np.uint32))
+        v[rows, idx] = torch.from_numpy(vals).to(dev)
+    sel = torch.tensor(todo, device=dev)
+    out[sel] = v + mu[sel].to(torch.int64)
+    for r, m in zip(todo, counts.tolist()):
+        rngs[r].advance(4 * n + 12 * m)
+    return out

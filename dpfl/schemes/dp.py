@@ -28,8 +28,8 @@ Noise placement (`noise=`):
 Known limits (documented, shared with the thesis): under add/remove neighbouring the number
 of noise shares depends on whether the target client takes part, so the two outputs differ
 slightly in variance as well as in mean; the accountant treats the round as the Gaussian
-mechanism with noise multiplier σ. Gaussian shares are floating-point draws (Box–Muller on
-CryptoRNG uniforms), not an exact lattice sampler; FL-SIGN-DP uses the integer sampler.
+mechanism with noise multiplier σ. Gaussian shares are floating-point draws (the ziggurat on
+CryptoRNG words, `dpfl.rng.gauss`), not an exact lattice sampler; FL-SIGN-DP uses the integer sampler.
 Metrics such as the clipped fraction are simulation diagnostics, not DP releases.
 
 Attacks: rows flagged in ``ctx.omit_noise`` (bool [k], set by an attack's ``select``) add no
@@ -39,7 +39,6 @@ noise; ``dp_noise_shares`` in the metrics counts the rows that did.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,9 +55,11 @@ from dpfl.privacy import (
     sampler_tv_bound,
 )
 from dpfl.privacy.mechanisms import discrete_gaussian, gaussian_noise
+from dpfl.privacy.samplers import discrete_gaussian_rows
+from dpfl.rng import gaussian_rows
 from dpfl.schemes.base import Aggregator, Received, RoundContext, SetupContext, Step
 from dpfl.secagg import RoundAborted
-from dpfl.threads import for_each
+from dpfl.threads import workers
 
 PLACEMENTS = ("distributed", "local", "central")
 
@@ -287,21 +288,20 @@ class GaussianNoiseStep(_NoiseStep):
         t0 = time.perf_counter()
         std = self.share_std(k)
         skip = _omitted(ctx, k)
-        out = u.detach().to("cpu").clone()
-
-        local = threading.local()
-
-        def add_share(i: int) -> None:  # row by row: bounded float64 memory; rows are independent
-            c = int(ctx.cohort[i])
-            if not hasattr(local, "z"):  # one float64 row per thread, reused
-                local.z = torch.empty(out.shape[1], dtype=torch.float64)
-            # gaussian_noise's values (the same sampler), drawn in place; the sum in float64
-            ctx.seeds.crypto("round", ctx.round, "dp-share", c).gaussian_into(local.z, std)
-            out[i] = local.z.add_(out[i])
-
-        # each client's share comes from its own generator: threads change nothing but the wall time
+        out = u.detach().clone()
         rows = [i for i in range(len(ctx.cohort)) if not skip[i]]
-        for_each(len(rows), lambda j: add_share(rows[j]))
+        # each client's share from its own stream, on the update's device (the same values on any
+        # device, and in any number of threads); noise + update summed in float64, then rounded
+        n = out.shape[1]
+        step = max(1, min(len(rows), (1 << 26) // max(1, n))) if out.device.type != "cpu" else workers()
+        for s in range(0, len(rows), step):
+            part = rows[s : s + step]
+            z = torch.empty(len(part), n, dtype=torch.float64, device=out.device)
+            gaussian_rows([ctx.seeds.crypto("round", ctx.round, "dp-share", int(ctx.cohort[i])) for i in part], z, std)
+            sel = torch.tensor(part, device=out.device)
+            out[sel] = z.add_(out[sel]).to(out.dtype)
+        if out.device.type == "cuda":
+            torch.cuda.synchronize(out.device)  # dp_noise_seconds counts the draw, not its launch
         if self.noise == "local":
             self.participation.record(np.asarray(ctx.cohort))
         ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
@@ -348,26 +348,40 @@ class DiscreteGaussianShareStep(_NoiseStep):
             raise ConfigError(f"the discrete Gaussian share needs integer sign rows, got {u.dtype}")
         n = u.shape[1]
         k = ctx.k()
-        mu = u.detach().to("cpu").numpy()
         if self.noise == "central":
             return u
+        mu = u.detach().numpy() if u.device.type == "cpu" else None
         t0 = time.perf_counter()
         xi = self.share_std(n, k)
         skip = _omitted(ctx, k)
-        out = mu.astype(np.int32)  # int32 rows: half the memory of int64 (checked, never wrapped)
-        for i, c in enumerate(ctx.cohort):  # row by row: bounded int64 memory
-            if not skip[i]:
-                z = discrete_gaussian(mu[i], xi,  # integer mean of any width: added in int64
-                                      ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
-                if z.size and max(-int(z.min()), int(z.max())) > np.iinfo(np.int32).max:
+        if u.device.type != "cpu":  # the same values, drawn where the rows are
+            out_t = u.detach().to(torch.int32, copy=True)
+            rows = [i for i in range(k) if not skip[i]]
+            step = max(1, min(len(rows), (1 << 25) // max(1, n)))
+            for s in range(0, len(rows), step):
+                sel = torch.tensor(rows[s : s + step], device=u.device)
+                z = discrete_gaussian_rows(u.detach()[sel], xi, [ctx.seeds.crypto("round", ctx.round, "dp-share",
+                                                                                  int(ctx.cohort[i]))
+                                                                  for i in rows[s : s + step]])
+                if z.numel() and int(z.abs().max()) > np.iinfo(np.int32).max:
                     raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")
-                out[i] = z
+                out_t[sel] = z.to(torch.int32)
+        else:
+            out = mu.astype(np.int32)  # int32 rows: half the memory of int64 (checked, never wrapped)
+            for i, c in enumerate(ctx.cohort):  # row by row: bounded int64 memory
+                if not skip[i]:
+                    z = discrete_gaussian(mu[i], xi,  # integer mean of any width: added in int64
+                                          ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
+                    if z.size and max(-int(z.min()), int(z.max())) > np.iinfo(np.int32).max:
+                        raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")
+                    out[i] = z
+            out_t = torch.from_numpy(out)
         if self.noise == "local":
             self.participation.record(np.asarray(ctx.cohort))
         ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
         ctx.metrics["dp_share_std"] = xi
         ctx.metrics["dp_noise_seconds"] = time.perf_counter() - t0
-        return torch.from_numpy(out).to(u.device)
+        return out_t.to(u.device)
 
     def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         if self.noise != "central":

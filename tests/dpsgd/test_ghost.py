@@ -128,19 +128,6 @@ def test_other_models_fall_back_to_the_per_example_path(model, why):
     assert all(torch.allclose(got[k], ref[k], rtol=1e-12) for k in ref)
 
 
-def test_gaussian_is_box_muller_on_the_open_uniforms():
-    """The sampler behind DP-SGD's noise against numpy's Box–Muller on the same CryptoRNG uniforms."""
-    import numpy as np
-
-    from dpfl.pate.noise import _open_uniform
-
-    got = gaussian(Seeds(5).crypto("g"), 1001, 0.7)
-    u = _open_uniform(Seeds(5).crypto("g"), 1002)
-    r, a = np.sqrt(-2.0 * np.log(u[:501])), 2.0 * np.pi * u[501:]
-    ref = 0.7 * np.concatenate([r * np.cos(a), r * np.sin(a)])[:1001]
-    assert got.dtype == np.float64 and np.allclose(got, ref, rtol=1e-14, atol=1e-15)
-
-
 def test_uint64_words_are_the_keystream_bytes():
     import numpy as np
 
@@ -149,37 +136,7 @@ def test_uint64_words_are_the_keystream_bytes():
         assert np.array_equal(a.uint64(n), np.frombuffer(b.bytes(8 * n), dtype="<u8"))
 
 
-def _box_muller(rng, n, std):
-    """The sampler written out on whole arrays: radii from the first half of the uniforms, angles
-    from the second, r·cos θ then r·sin θ, the last sine dropped for odd n."""
-    import math
-
-    from dpfl.privacy.samplers import Source
-
-    half = (n + 1) // 2
-    u = torch.from_numpy(Source(rng).uniform_open(2 * half))
-    r = u[:half].log().mul_(-2.0).sqrt_().mul_(std)
-    t = u[half:].mul_(2.0 * math.pi)
-    return torch.cat([torch.cos(t).mul_(r), torch.sin(t).mul_(r)])[:n].numpy()
-
-
-@pytest.mark.parametrize("chunk", [16, None])
-def test_gaussian_into_is_the_gaussian_sampler_bit_for_bit(chunk, monkeypatch):
-    """The chunked, in-place draw behind all of dpfl's Gaussian noise gives the whole-array Box-Muller's
-    values, rounded to the tensor's dtype, and leaves the stream where it leaves it (chunk edges, odd sizes)."""
-    import dpfl.rng
-
-    if chunk:
-        monkeypatch.setattr(dpfl.rng, "_CHUNK", chunk)
-    sizes = (1, 2, 31, 32, 33, 65, 1001) if chunk else (131_073,)
-    for n in sizes:
-        for std in (0.7, 0.0):
-            for dtype in (torch.float32, torch.float64):
-                a, b = Seeds(7).crypto("g", n), Seeds(7).crypto("g", n)
-                want = torch.from_numpy(_box_muller(a, n, std)).to(dtype)
-                got = b.gaussian_into(torch.empty(n, dtype=dtype), std)
-                assert torch.equal(got, want), (n, std, dtype)
-                assert a.bytes(16) == b.bytes(16)
+def test_gaussian_into_refuses_bad_arguments():
     with pytest.raises(ValueError):
         Seeds(7).crypto("g").gaussian_into(torch.empty(4), -1.0)
     with pytest.raises(ValueError):

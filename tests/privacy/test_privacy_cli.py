@@ -105,5 +105,8 @@ def test_bench_smoke():
                   share_size=1_001, shares=2)
     for acc in ("moments", "rdp", "pld"):
         assert r["accountants"][acc]["self_composed_wall_s"] > 0 and r["accountants"][acc]["epsilon"] > 0
+    t = r["pld_target"]  # issue 40's target row: 50 rounds here, so not a claim about 10,000
+    assert t["rounds"] == 50 and not t["met"] and t["ratio"] == pytest.approx(t["wall_s"] / 0.1)
+    assert t["epsilon_rel_diff"] == pytest.approx(0, abs=1e-6) and t["dp_accounting_wall_s"] > 0
     assert r["sampler"]["samples"] == 10_000 and r["sampler"]["wall_s"] > 0
     assert r["gaussian_share"]["shares"] == 2 and r["gaussian_share"]["s_per_share"] > 0

@@ -25,35 +25,15 @@ def test_laplace_and_gaussian_noise_distributions(rng):
     assert np.allclose(out.mean(axis=0), v, atol=0.02)
 
 
-@pytest.mark.parametrize("n", [200_001, 200_000])
-def test_gaussian_noise_both_box_muller_halves_are_normal_and_uncorrelated(n):
-    """Each pair (u1, u2) gives r·cos θ (first half) and r·sin θ (second half): both halves must be
-    N(0, σ²) and the two members of a pair uncorrelated (n odd: the last sine is dropped)."""
-    z = M.gaussian_noise(n, 3.0, CryptoRNG(key=b"p" * 32))
-    k = (n + 1) // 2
-    assert z.shape == (n,) and z.dtype == np.float64
-    for half in (z[:k], z[k:]):
-        assert stats.kstest(half, "norm", args=(0, 3.0)).pvalue > 1e-3
-    m = n - k
-    assert abs(np.corrcoef(z[:m], z[k:])[0, 1]) < 5 / math.sqrt(m)
-    # the squared radius of a pair is 2·Exp(1)·σ²
-    assert stats.kstest((z[:m] ** 2 + z[k:] ** 2) / 9.0, "expon", args=(0, 2)).pvalue > 1e-3
-
-
 @pytest.mark.parametrize("n", [1, 2, 7, 131_073])
-def test_gaussian_noise_is_the_one_box_muller_of_the_other_samplers(n):
-    """One Gaussian in dpfl: the mechanism's noise equals pate.noise.gaussian bit for bit from a
-    CryptoRNG (drawn in chunks there), and from a numpy Generator equals the same Box-Muller on
-    that Generator's open uniforms."""
+def test_gaussian_noise_is_the_one_sampler_of_the_others(n):
+    """One Gaussian in dpfl: the mechanism's noise equals pate.noise.gaussian and
+    CryptoRNG.gaussian_into bit for bit (the sampler itself: tests/privacy/test_noise_stream.py)."""
     from dpfl.pate.noise import gaussian
 
-    assert np.array_equal(M.gaussian_noise(n, 0.7, CryptoRNG(key=b"q" * 32)), gaussian(CryptoRNG(key=b"q" * 32), n, 0.7))
-    k = (n + 1) // 2
-    u = M.source(np.random.default_rng(3), False).uniform_open(2 * k)
-    r = torch.from_numpy(u[:k]).log().mul_(-2.0).sqrt_().mul_(0.7)
-    t = torch.from_numpy(u[k:]) * (2 * math.pi)
-    want = torch.cat([torch.cos(t) * r, torch.sin(t) * r])[:n].numpy()
-    assert np.array_equal(M.gaussian_noise(n, 0.7, np.random.default_rng(3)), want)
+    want = CryptoRNG(key=b"q" * 32).gaussian_into(torch.empty(n, dtype=torch.float64), 0.7).numpy()
+    assert np.array_equal(M.gaussian_noise(n, 0.7, CryptoRNG(key=b"q" * 32)), want)
+    assert np.array_equal(gaussian(CryptoRNG(key=b"q" * 32), n, 0.7), want)
 
 
 def test_same_seed_same_noise():

@@ -1,0 +1,198 @@
+"""dpfl's noise stream: ChaCha20 (RFC 8439) computed by OpenSSL on the CPU and in tensor ops on a
+device, and the one Gaussian sampler (the ziggurat) on it, bit-identical across paths, devices
+and thread counts, and normal."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import dpfl.rng as R
+from dpfl.privacy import mechanisms as M
+from dpfl.rng import CryptoRNG, Seeds, chacha, gauss, gaussian_cpu, gaussian_rows
+from dpfl.rng import device as D
+
+CUDA = torch.cuda.is_available()
+
+
+def test_chacha20_known_answers_and_tensor_blocks_equal_openssl():
+    # RFC 8439 A.1, test vectors 1 and 2 (zero key, zero nonce, block counters 0 and 1)
+    ks = CryptoRNG(key=bytes(32)).bytes(128)
+    assert ks[:16].hex() == "76b8e0ada0f13d90405d6ae55386bd28"
+    assert ks[64:80].hex() == "9f07e7be5551387a98ba977c732d080d"
+    rng = np.random.default_rng(1)
+    keys = [rng.bytes(32) for _ in range(3)]
+    kt = torch.tensor([chacha.key_words(k) for k in keys], dtype=torch.int64)
+    ctr = torch.tensor([0, 5, 1 << 31, (1 << 32) - 1])
+    for r, key in enumerate(keys):
+        got = chacha.blocks_eager(kt, torch.full((4,), r), ctr)
+        for b, c in enumerate(ctr.tolist()):
+            g = CryptoRNG(key=key)
+            g.advance(64 * c)
+            assert np.array_equal(got[b].numpy().astype("<u4").view(np.uint8), np.frombuffer(g.bytes(64), np.uint8))
+
+
+def test_positions_seek_and_word_readers_agree():
+    key = bytes(range(32))
+    whole = CryptoRNG(key=key).bytes(1000)
+    g = CryptoRNG(key=key)
+    g.bytes(3)
+    g.advance(97)
+    assert g.bytes(200) == whole[100:300] and g.position == 300
+    kt = torch.tensor([chacha.key_words(key)] * 2, dtype=torch.int64)
+    w64 = chacha.words64_rows(kt, torch.tensor([0, 13]), 40).numpy().view(np.uint64)
+    assert np.array_equal(w64[1], np.frombuffer(whole[104:424], "<u8"))
+    w32 = chacha.words32_rows(kt, torch.tensor([3, 0]), 50).numpy()
+    assert np.array_equal(w32[0], np.frombuffer(whole[12:212], "<u4"))
+    with pytest.raises(ValueError, match="2\\^32"):
+        CryptoRNG(key=key).advance((64 << 32) + 1)
+
+
+def _draw(g, n, std, dtype, skip=0):
+    g.bytes(skip)
+    out = torch.empty(n, dtype=dtype)
+    g.gaussian_into(out, std)
+    return out, g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_sampler_every_path_bit_for_bit(dtype, monkeypatch):
+    """The C kernel, the torch fallback and the device path (ChaCha20 in tensor ops) give the same
+    values and leave each stream at the same position, for sizes across chunk edges."""
+    monkeypatch.setattr(R, "_CHUNK", 4096)
+    for n in (1, 7, 4097, 60_001):
+        for std in (0.7, 0.0):
+            want, g1 = _draw(Seeds(3).crypto("x", n), n, std, dtype)
+            monkeypatch.setattr(gauss, "_gk", None)
+            py, g2 = _draw(Seeds(3).crypto("x", n), n, std, dtype)
+            monkeypatch.undo()
+            monkeypatch.setattr(R, "_CHUNK", 4096)
+            rows = [Seeds(3).crypto("x", n), Seeds(4).crypto("y")]
+            rows[1].bytes(40)
+            dev = torch.empty(2, n, dtype=dtype)
+            D.gaussian_rows(rows, dev, std)
+            other, _ = _draw(Seeds(4).crypto("y"), n, std, dtype, skip=40)
+            assert torch.equal(want, py) and torch.equal(want, dev[0]) and torch.equal(other, dev[1]), (n, std)
+            assert g1.position == g2.position == rows[0].position >= 8 * n
+            assert g1.bytes(8) == g2.bytes(8) == rows[0].bytes(8)
+
+
+def test_rows_do_not_depend_on_threads_and_odd_positions_take_the_cpu():
+    def rows(skip):
+        gs = [Seeds(9).crypto("r", i) for i in range(5)]
+        gs[2].bytes(skip)
+        return gs
+
+    a, b, c = torch.empty(5, 30_001), torch.empty(5, 30_001), torch.empty(5, 30_001)
+    gaussian_rows(rows(3), a, 1.3, threads=1)
+    gaussian_rows(rows(3), b, 1.3, threads=4)
+    D.gaussian_rows(rows(3), c, 1.3)  # row 2 is not at a word boundary: drawn on the CPU
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_the_slow_path_in_c_equals_torch_and_log_exp_are_accurate():
+    if gauss._gk is None:
+        pytest.skip("C kernel not built")
+    g = Seeds(2).crypto("slow")
+    w = torch.from_numpy(g.uint64(400_000).view(np.int64).copy())
+    _, bad = gauss.fast(w, 1.0)
+    cand = torch.cat([w[bad], w[(w & 255) == 0][:2000]])  # wedge rejects, and layer-0 words (tail)
+    e = torch.from_numpy(g.uint64(3 * cand.numel()).view(np.int64).copy()).view(-1, 3)
+    a, b = gauss._pass_c(cand, e, 0.9), gauss._pass(cand, e, 0.9)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1][a[0]], b[1][a[0]]) and torch.equal(a[2][~a[0]], b[2][~a[0]])
+    u = torch.rand(100_000, dtype=torch.float64).add_(1e-300)
+    assert ((gauss.log(u) - u.log()).abs() <= 6e-16 * u.log().abs()).all()  # within 3 ulp
+    assert repr(gauss.INV_R) in Path(gauss.__file__).with_name("_gausskernel.c").read_text()
+    t = torch.rand(100_000, dtype=torch.float64) * 50
+    assert ((gauss.exp_neg(t) - (-t).exp()).abs() <= 4e-16 * (-t).exp()).all()
+
+
+def _reference(words):
+    """Marsaglia–Tsang's ziggurat written out per value in Python (math.exp / math.log), on the
+    same stream layout: fast path on the n words, then 3 words per open value per pass."""
+    x = gauss._layers()
+    f = lambda v: math.exp(-0.5 * v * v)
+    vals, open_ = {}, []
+
+    def cand(wd):
+        i, j = wd & 255, (wd >> 10) | 1
+        return i, j, j * (x[i] * 2.0**-53)
+
+    for e in range(len(words)):
+        i, j, v = cand(int(words[e]))
+        if abs(j) < int(x[i + 1] / x[i] * 2.0**53):
+            vals[e] = v
+        else:
+            open_.append((e, int(words[e])))
+    return vals, open_, f, x, cand
+
+
+def test_the_sampler_against_a_per_value_reference():
+    n = 200_000
+    g = Seeds(11).crypto("ref")
+    got = g.gaussian_into(torch.empty(n, dtype=torch.float64), 1.0)
+    words = Seeds(11).crypto("ref").uint64(n + 200_000).view(np.int64)
+    vals, open_, f, x, cand = _reference(words[:n])
+    for e, v in vals.items():
+        assert got[e].item() == v  # the fast path: the same product, exactly
+    pos = n
+    while open_:
+        nxt = []
+        for e, wd in open_:
+            u1, u2, fresh = (int(t) for t in words[pos : pos + 3])
+            pos += 3
+            uni = lambda t: (((t >> 11) & ((1 << 53) - 1)) + 0.5) * 2.0**-53
+            i, j, v = cand(wd)
+            if i == 0:
+                xt = -math.log(uni(u1)) * gauss.INV_R
+                ok, v = -math.log(uni(u2)) * 2 > xt * xt, math.copysign(gauss.R + xt, j)
+            else:
+                ok = f(x[i]) + uni(u1) * (f(x[i + 1]) - f(x[i])) < f(v)
+            if not ok:
+                i, j, v = cand(fresh)
+                if abs(j) >= int(x[i + 1] / x[i] * 2.0**53):
+                    nxt.append((e, fresh))
+                    continue
+            assert got[e].item() == pytest.approx(v, rel=1e-15, abs=1e-300)
+        open_ = nxt
+    assert g.position == 8 * pos
+
+
+def test_gaussian_is_normal_with_the_right_tails():
+    z = M.gaussian_noise(1_000_000, 2.5, CryptoRNG(key=b"n" * 32)) / 2.5
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert abs(z.mean()) < 5e-3 and abs(z.var() - 1) < 5e-3 and abs(stats.skew(z)) < 0.01
+    for t in (1.0, 2.0, 3.0, gauss.R, 4.0):  # tail mass beyond the layers' edge r, too
+        p = 2 * stats.norm.sf(t)
+        k = int((np.abs(z) > t).sum())
+        assert abs(k - p * z.size) < 5 * math.sqrt(p * z.size) + 1, t
+    w = M.gaussian_noise(400_000, 1.0, np.random.default_rng(4))  # the same sampler on numpy's words
+    assert stats.kstest(w, "norm").pvalue > 1e-3
+    words = np.random.default_rng(4).integers(0, 1 << 64, size=420_000, dtype=np.uint64).view(np.int64)
+    at = [0]
+
+    def read(m):
+        at[0] += m
+        return words[at[0] - m : at[0]]
+
+    assert np.array_equal(gaussian_cpu(read, torch.empty(400_000, dtype=torch.float64), 1.0).numpy(), w)
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+def test_cuda_rows_equal_the_cpu_bit_for_bit():
+    for dtype in (torch.float32, torch.float64):
+        for n in (1, 9, 1_000_003):
+            cpu = torch.empty(6, n, dtype=dtype)
+            gpu_rngs = [Seeds(5).crypto("c", r) for r in range(6)]
+            cpu_rngs = [Seeds(5).crypto("c", r) for r in range(6)]
+            gaussian_rows(cpu_rngs, cpu, 0.37)
+            gpu = torch.empty(6, n, dtype=dtype, device="cuda")
+            gaussian_rows(gpu_rngs, gpu, 0.37)
+            assert torch.equal(cpu, gpu.cpu()), (dtype, n)
+            assert [g.position for g in gpu_rngs] == [g.position for g in cpu_rngs]
+    kt = torch.tensor([chacha.key_words(bytes([7]) * 32)], dtype=torch.int64)
+    idx, ctr = torch.zeros(1000, dtype=torch.int64), torch.arange(1000) * 7919
+    assert torch.equal(chacha.blocks(kt.cuda(), idx.cuda(), ctr.cuda()).cpu(), chacha.blocks_eager(kt, idx, ctr))
