@@ -277,7 +277,7 @@ def _print_summary(summary: dict, out: Path | None) -> None:
     if b:
         line = (f"best {key} {b.get(key, float('nan')):.4f} at round {b['round']}; "
                 f"upstream/client {_fmt_bytes(b['cum_up_bytes_per_client'])} "
-                f"(thesis formula {_fmt_bytes(b['formula_up_bytes_per_client'])}), "
+                f"(cost formula at the width sent {_fmt_bytes(b['formula_up_bytes_per_client'])}), "
                 f"downstream/client {_fmt_bytes(b['cum_down_bytes_per_client'])}")
         if b.get("epsilon") is not None:
             line += f", ε {b['epsilon']:.3f}"

@@ -11,9 +11,12 @@ records).
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,6 +70,9 @@ EXTRA_LABELS = {"step_up_bits_per_value": ("bits/param", "bits"), "source_accura
 # Records of committed configs that are not thesis rows: records/<folder>/<config stem>/ holds the run of
 # dpfl/experiments/configs/<folder>/<config stem>.toml; its block (named <folder>) goes into the doc given.
 CONFIG_RUNS = {"record-dp": "docs/record-dp.md"}
+
+# Committed privacy audits (`dpfl audit`): docs/audit/<run>/audit.json, tabled in docs/audit.md (block `audit`).
+AUDIT_RUNS, AUDIT_DOC = "docs/audit", "docs/audit.md"
 
 
 # ---- records -------------------------------------------------------------------------------------
@@ -173,7 +179,9 @@ def _rounds(e: dict) -> str:
 
 def _delta(e: dict) -> str:
     if e["delta"] is not None:
-        return f"{e['delta']:+.3f}"
+        return f"{e['delta']:+.4f} ‡" if _at_the_line(e) else f"{e['delta']:+.3f}"
+    if e.get("diverged"):
+        return "— (diverged)"
     if not e["complete"]:
         return "— (cut short)"
     return "— (MNIST)" if e["thesis_dataset"] == "mnist" else "—"
@@ -214,29 +222,185 @@ def _with_thesis(mine: str | None, theirs: str | None) -> str:
     return mine if theirs is None else f"{mine} (thesis {theirs})"
 
 
+# ---- what the tables flag: shared runs, diverged models, Δ at the ±0.03 line, the cost formula's width ------
+
+WITHIN = 0.03  # "within ±0.03 of the thesis", the scoreboard's line
+
+
+def _config_print(d: Path) -> str:
+    """A record's config as comparable text, without its name and its run resources (threads, device, engine,
+    checkpoints: how it ran, not what)."""
+    from dpfl.config import load_config
+
+    return json.dumps(load_config(d / "config.toml").model_dump(mode="json", exclude={"name", "run"}), sort_keys=True)
+
+
+def _metrics_print(d: Path) -> str:
+    """A record's metrics as comparable text, every line without its wall times."""
+    from dpfl.experiments.report import load_run
+
+    _, metrics = load_run(d)
+    return json.dumps([{k: v for k, v in m.items() if not k.endswith("_seconds")} for m in metrics], sort_keys=True)
+
+
+def shared_runs(records: Path) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+    """(record folder, row), e.g. ("table-5.3-pld", "fl-std-dp_r1.0") -> [(folder, row, how)] of the other table
+    rows on record whose run it shares, found from the records themselves: `how` is "reads" (this row reads
+    that row's record: a `same_run` row of thesis.json), "read by" (that row reads this row's record), "same"
+    (both read one record that neither owns, or two records with the same config and the same metrics, wall
+    times aside) or "config" (the same config, name and run resources aside, but metrics of its own: the same
+    experiment run separately)."""
+    from dpfl.experiments.reproduce import configs_root  # the tables' folder (a test may point it elsewhere)
+
+    records = Path(records)
+    files = tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in records.glob("*/*/*")
+                         if p.name in ("config.toml", "metrics.jsonl")))
+    return _shared_runs(records.resolve(), str(configs_root()), files)
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_runs(records: Path, _configs: str, _files: tuple) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+    from dpfl.experiments.reproduce import row_dir
+
+    readers: dict[Path, list[tuple[str, str]]] = {}  # record directory -> the table rows read from it
+    for table, variants in record_tables(records).items():
+        order = row_order(table)[2]
+        for acct in variants:
+            base = records / _dir_name(table, acct)
+            for row in order:
+                d = row_dir(table, row, base)
+                if (d / "metrics.jsonl").is_file():
+                    readers.setdefault(d, []).append((base.name, row))
+    by_config: dict[str, list[Path]] = {}
+    for d in readers:
+        by_config.setdefault(_config_print(d), []).append(d)
+    metrics = {d: _metrics_print(d) for group in by_config.values() if len(group) > 1 for d in group}
+    out: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for group in by_config.values():
+        for d in group:
+            owner = (d.parent.name, d.name)
+            for own in readers[d]:
+                found = [(*r, "reads" if r == owner else "read by" if own == owner else "same")
+                         for r in readers[d] if r != own]
+                for other in group:
+                    if other != d:
+                        how = "same" if metrics[other] == metrics[d] else "config"
+                        found += [(*r, how) for r in readers[other]]
+                out[own] = found
+    return out
+
+
+def _shared_notes(shared: list[tuple[str, str, str]]) -> list[str]:
+    text = {"reads": "the same run as {} {}", "read by": "also {} {}: the same run",
+            "same": "the same run as {} {}: the same config and metrics",
+            "config": "the same config as {} {}, run separately"}
+    return [text[how].format(t, r) for t, r, how in shared]
+
+
+def _loss_not_finite(m: dict) -> bool:
+    loss = m.get("loss")
+    return isinstance(loss, float) and not math.isfinite(loss)
+
+
+def _divergence(e: dict) -> str:
+    """For a row whose best round read a diverged model: from which round its evaluation loss was NaN (or ±inf)."""
+    first = next(m for m in e["metrics"] if _loss_not_finite(m))
+    return f"loss {'NaN' if math.isnan(first['loss']) else first['loss']} from round {first['round']}"
+
+
+def _test_images(metrics: list[dict]) -> int | None:
+    """How many test images the accuracies of a record count (every accuracy is k/n): the least common
+    denominator of the evaluated accuracies; None when they are not such fractions (e.g. a balanced accuracy)."""
+    n = 1
+    for m in metrics:
+        if "accuracy" in m:
+            f = Fraction(m["accuracy"]).limit_denominator(1_000_000)
+            if abs(float(f) - m["accuracy"]) > 1e-12:
+                return None
+            n = math.lcm(n, f.denominator)
+            if n > 1_000_000:
+                return None
+    return n
+
+
+def _at_the_line(e: dict) -> int | None:
+    """The number of test images of a row whose Δ is within one test image of the ±0.03 line (on either side,
+    so one image more or less would move it across), else None."""
+    if e["delta"] is None or e["metric"] != "accuracy":
+        return None
+    n = _test_images(e["metrics"])
+    return n if n and abs(abs(e["delta"]) - WITHIN) <= 1 / n + 1e-9 else None
+
+
+def _formula_widths(e: dict) -> tuple[float, float, list[float]] | None:
+    """The thesis's cost formula (values sent × bits / 8, per client of the population, cumulative) at the best
+    round, upstream, in bytes: at the width b each round's masked values were sent at (the record's
+    `formula_up_bytes_per_client`) and at 32 bits, as float32; with the widths b. None for a row that sent no
+    masked integers (no `step_secagg_bits` in a round that sent something)."""
+    at_b = at_32 = prev = 0.0
+    bits = []
+    for m in e["metrics"]:
+        if m["round"] > e["round"] or "formula_up_bytes_per_client" not in m:
+            break
+        step, prev = m["formula_up_bytes_per_client"] - prev, m["formula_up_bytes_per_client"]
+        if step <= 0:  # an aborted round sent nothing
+            continue
+        b = m.get("step_secagg_bits")
+        if not b:
+            return None
+        at_b, at_32 = at_b + step, at_32 + step * 32 / b
+        if b not in bits:
+            bits.append(b)
+    return (at_b, at_32, bits) if bits else None
+
+
+def _formula_cell(e: dict, unit: str) -> str:
+    from dpfl.experiments.reproduce import UNITS
+
+    w = _formula_widths(e)
+    if w is None:
+        return "—"
+    at_b, at_32, bits = w
+    b = f"{bits[0]:g}" if len(bits) == 1 else f"{min(bits):g}–{max(bits):g}"
+    return f"{_cost(at_b / UNITS[unit], unit)} at b = {b} bits; {_cost(at_32 / UNITS[unit], unit)} at 32 bits"
+
+
 def table_block(records: Path, table: str, variants: list[str | None], rel: str, figure: str | None) -> str:
     thesis, entries, missing = table_entries(records, table, variants)
     meta = thesis.get("_table", {})
     unit = meta.get("unit", "KB")
     dp = any(e["epsilon"] is not None for e in entries)
     extras = [k for k in EXTRA_LABELS if any(e.get(k) is not None for e in entries)]
+    shared = shared_runs(records)
     head = ["row", "rounds", "best accuracy (round)", "thesis (round)", "Δ", "upstream / client", "downstream / client"]
     if dp:
-        head += ["accountant, σ", "ε at that round", "sampling"]
+        head += ["cost formula up / client: at the masked width b; at 32 bits", "accountant, σ", "ε at that round",
+                 "sampling"]
     head += [EXTRA_LABELS[k][0] for k in extras] + ["median round, machine"]
     intro = (f"{meta.get('description', table)}. Costs: cumulative per client of the population at the best "
-             "round; Δ only for rows run to their full length on the thesis's dataset.")
-    lines = [intro, "",
+             "round; Δ only for rows run to their full length on the thesis's dataset")
+    if any(e["delta"] is not None and _at_the_line(e) for e in entries):
+        intro += ("; ‡: |Δ| is within one test image (1/n of the n test images) of 0.03, so one image decides "
+                  "whether the row is within ±0.03 of the thesis; Δ then to 4 decimals")
+    if any(e.get("diverged") for e in entries):
+        intro += ("; diverged: the evaluation loss is NaN at the best round (from the round named on), so no "
+                  "accuracy (the constant output's) and no Δ")
+    if dp:
+        intro += ("; cost formula: the thesis's (values sent × bits, per client of the population) at the width b "
+                  "of the masked integers the row sent (the record's `formula_up_bytes_per_client`) and at 32 bits "
+                  "(float32)")
+    lines = [intro + ".", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in entries:
         d = Path(e["dir"])
         path = f"{rel}/{d.parent.name}/{d.name}"
         notes = [f"{e['acct']} σ"] if e["acct"] else []
-        if d.parent.name != _dir_name(table, e["acct"]):  # a same_run row, recorded under the row it names
-            notes.append(f"the same run as {d.parent.name} {d.name}")
+        notes += _shared_notes(shared.get((_dir_name(table, e["acct"]), e["row"]), []))
         label = f"[{e['row']}]({path})" + (f" ({', '.join(notes)})" if notes else "")
         best = "—" if e["measured"] is None else f"{e['measured']:.4f} ({e['round']})"
-        if e["metric"] != "accuracy":
+        if e.get("diverged"):
+            best = f"diverged ({_divergence(e)})"
+        elif e["metric"] != "accuracy":
             best += f" {e['metric']}"
         cells = [label, _rounds(e), best,
                  _thesis_acc(e), _delta(e), _with_thesis(_cost(e["up"], unit), _cost(e["thesis_up"], unit)),
@@ -244,7 +408,8 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
         if dp:
             private = e["epsilon"] is not None
             acct = e["cfg"].privacy.accountant
-            cells += [(f"{acct}, σ = {e['sigma']:.4f}" if e["sigma"] else acct) if private else "—",
+            cells += [_formula_cell(e, unit),
+                      (f"{acct}, σ = {e['sigma']:.4f}" if e["sigma"] else acct) if private else "—",
                       _with_thesis(f"{e['epsilon']:.3f}" if private else None,
                                    None if e["thesis_epsilon"] is None else f"{e['thesis_epsilon']:g}"),
                       _sampling(e) if private else "—"]
@@ -297,7 +462,7 @@ def headline_block(records: Path, rel: str = "records") -> str:
         if e is None:
             lines.append(f"| {label} | no record yet | {th_text} | — | `{command(table, row, acct)}` |")
             continue
-        text = f"{e['measured']:.4f} at round {e['round']}"
+        text = f"diverged ({_divergence(e)})" if e.get("diverged") else f"{e['measured']:.4f} at round {e['round']}"
         if not e["complete"]:
             text += f" ({_rounds(e)})"
         up = _cost(e["up"], unit)
@@ -330,17 +495,34 @@ def scoreboard_block(records: Path) -> str:
     from dpfl.experiments.reproduce import table_rows
 
     head = ["table", "rows", "full-length record", "within ±0.03", "above thesis", "more than 0.03 below",
-            "no Δ (no thesis number or other dataset)", "PLD/RDP-σ record (within ±0.03, above)",
-            "PLD/RDP σ − moments σ (rows, mean)"]
+            "diverged (loss NaN: no accuracy, no Δ)", "no Δ (no thesis number or other dataset)",
+            "PLD/RDP-σ record (within ±0.03, above)", "PLD/RDP σ − moments σ (rows, mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tables = record_tables(records)
+    shared = shared_runs(records)
     pairs = {}  # (moments record, twin record) -> gain: a same_run row shares both with the table it names
+    one_run, one_config, diverged, at_line, best = [], {}, [], [], {}
     for table in SCORED:
         rows = table_rows(table)[1]
         variants = tables.get(table, [])
         _, entries, _ = table_entries(records, table, variants) if variants else ({}, [], [])
+        for e in entries:
+            own = (_dir_name(table, e["acct"]), e["row"])
+            best[own] = e["measured"]
+            for t, r, how in shared.get(own, []):
+                if how == "reads" or (how == "same" and own < (t, r)):
+                    one_run.append(f"{own[0]} {own[1]} = {t} {r}")
+                elif how == "config":
+                    one_config[tuple(sorted([own, (t, r)]))] = None  # each pair once, in table order
+            if e["complete"] and e.get("diverged"):
+                diverged.append(f"{own[0]} {own[1]} ({_divergence(e)})")
+            n = e["complete"] and _at_the_line(e)
+            if n:
+                side = "within" if abs(e["delta"]) <= WITHIN else "outside"
+                at_line.append(f"{own[0]} {own[1]} (Δ {e['delta']:+.4f}: {side} by one of {n:,} test images)")
         base = {e["row"]: e for e in entries if e["acct"] is None and e["complete"]}
         deltas = [e["delta"] for e in base.values() if e["delta"] is not None]
+        n_div = sum(bool(e.get("diverged")) for e in base.values())
         pld = {e["row"]: e for e in entries if e["acct"] == "rdp" and e["complete"]}
         pld.update({e["row"]: e for e in entries if e["acct"] == "pld" and e["complete"]})  # PLD first
         both = [r for r in pld if r in base and None not in (pld[r]["measured"], base[r]["measured"])]
@@ -349,14 +531,32 @@ def scoreboard_block(records: Path) -> str:
         gain = f"{len(gains)}, {sum(gains) / len(gains):+.4f}" if gains else "—"
         pld_d = [e["delta"] for e in pld.values() if e["delta"] is not None]
         pld_text = f"{len(pld)} ({sum(abs(d) <= 0.03 for d in pld_d)}, {sum(d > 0 for d in pld_d)})" if pld else "—"
-        lines.append(f"| {table} | {len(rows)} | {len(base)} | {sum(abs(d) <= 0.03 for d in deltas)} | "
-                     f"{sum(d > 0 for d in deltas)} | {sum(d < -0.03 for d in deltas)} | "
-                     f"{len(base) - len(deltas)} | {pld_text} | {gain} |")
+        lines.append(f"| {table} | {len(rows)} | {len(base)} | {sum(abs(d) <= WITHIN for d in deltas)} | "
+                     f"{sum(d > 0 for d in deltas)} | {sum(d < -WITHIN for d in deltas)} | {n_div} | "
+                     f"{len(base) - len(deltas) - n_div} | {pld_text} | {gain} |")
     if pairs:
         mean = sum(pairs.values()) / len(pairs)
         lines += ["", (f"PLD/RDP σ − moments σ over all {len(pairs)} distinct pairs of runs (a run two tables share "
                        f"counted once): mean {mean:+.4f}.")]
-    return "\n".join(lines)
+
+    def acc(row):
+        return "—" if best.get(row) is None else f"{best[row]:.4f}"
+
+    notes = []
+    if one_run:
+        notes.append("One run is two tables' row (one record read by both, so counted in both tables' columns): "
+                     + "; ".join(one_run) + ".")
+    if one_config:
+        notes.append("The same config (name and run resources aside) is two tables' row, each run separately with "
+                     "a record of its own, both counted (best accuracy of each): " + "; ".join(
+                         f"{a[0]} {a[1]} / {b[0]} {b[1]} ({acc(a)} / {acc(b)})" for a, b in one_config) + ".")
+    if diverged:
+        notes.append("Diverged (loss NaN at the best round: the accuracy read there is a constant output's, not a "
+                     "trained model's; counted in no accuracy column, only in the diverged one): "
+                     + "; ".join(diverged) + ".")
+    if at_line:
+        notes.append("Δ within one test image of the ±0.03 line (‡ in the tables): " + "; ".join(at_line) + ".")
+    return "\n\n".join(["\n".join(lines), *notes])
 
 
 def _thesis_text(th: dict, unit: str) -> str:
@@ -387,8 +587,8 @@ def table_figure(records: Path, table: str, variants: list[str | None], path: Pa
     plt = pyplot()
     thesis, entries, _ = table_entries(records, table, variants)
     scale = UNITS[thesis.get("_table", {}).get("unit", "KB")]
-    curves = [(e["row"] + (f" ({e['acct']} σ)" if e["acct"] else "") + ("" if e["complete"] else ", cut short"),
-               e["metrics"]) for e in entries]
+    curves = [(e["row"] + (f" ({e['acct']} σ)" if e["acct"] else "") + ("" if e["complete"] else ", cut short")
+               + (", diverged" if e.get("diverged") else ""), e["metrics"]) for e in entries]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, xkey, xlabel in ((axes[0], "round", "round"),
                              (axes[1], "cum_up_bytes_per_client", "cumulative upstream per client")):
@@ -568,7 +768,10 @@ def block_names(text: str) -> list[str]:
 
 
 def generated(root: Path) -> dict[Path, str]:
-    """The full new text of README.md and docs/RESULTS.md: every block regenerated from root/records."""
+    """The full new text of README.md and docs/RESULTS.md: every block regenerated from root/records (and
+    docs/audit.md's table from the audit runs under docs/audit)."""
+    from dpfl.audit.table import audit_block
+
     root = Path(root)
     records = root / "records"
     tables = record_tables(records)
@@ -582,7 +785,9 @@ def generated(root: Path) -> dict[Path, str]:
               **({"probes": lambda: probes_block(root, "probes", "../records")} if (root / PROBES).is_file()
                  else {})}),
             *[(root / CONFIG_RUNS["record-dp"], {"record-dp": lambda: record_dp_block(records, "../records")})]
-            * (records / "record-dp").is_dir()):
+            * (records / "record-dp").is_dir(),
+            *[(root / AUDIT_DOC, {"audit": lambda: audit_block(root / AUDIT_RUNS, "audit")})]
+            * (root / AUDIT_RUNS).is_dir()):
         if not doc.is_file():
             raise ConfigError(f"{doc} is missing: it holds generated blocks ({', '.join(blocks)})")
         text = doc.read_text()

@@ -12,6 +12,7 @@ under `<out>` (finished or partial), e.g. the committed records in `records/`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -262,10 +263,18 @@ EXTRA = (("source_accuracy", "source_accuracy", "source acc"), ("attack_success"
          ("step_up_bits_per_value", "bits", "bits/param"))
 
 
+def diverged_at(best: dict) -> bool:
+    """Whether a best round read a diverged model: its evaluation loss is NaN or ±inf (the "accuracy" is
+    then the constant output's, 0.1 on ten balanced classes, not a trained model's)."""
+    loss = best.get("loss")
+    return isinstance(loss, float) and not math.isfinite(loss)
+
+
 def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
     """Measured vs thesis, one dict per row (costs in the table's unit). `complete`: run to the row's full
     length (`rounds_full`, the table's config; a run shortened by --rounds is not) and not stopped early;
-    `delta` only for a complete row compared on the thesis's own dataset."""
+    `diverged`: the best round's loss is not finite (`diverged_at`); `delta` only for a complete row that
+    did not diverge, compared on the thesis's own dataset."""
     scale = UNITS[thesis.get("_table", {}).get("unit", "KB")]
     out = []
     for r in results:
@@ -287,9 +296,12 @@ def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
         full = s.get("rounds_full", planned)
         complete = (full is None or ran == full) and not s.get("stopped")
         comparable = th.get("dataset", "fashion-mnist") == "fashion-mnist"
+        diverged = diverged_at(b)
         row = {"row": r["row"], "metric": key, "measured": meas, "thesis": ref,
-               "delta": meas - ref if complete and comparable and None not in (meas, ref) else None,
-               "complete": complete, "stopped": s.get("stopped"), "thesis_dataset": th.get("dataset"),
+               "delta": meas - ref if complete and comparable and not diverged and None not in (meas, ref)
+               else None,
+               "diverged": diverged, "complete": complete, "stopped": s.get("stopped"),
+               "thesis_dataset": th.get("dataset"),
                "thesis_converged": th.get("converged"), "round": b.get("round"),
                "thesis_round": th.get("round"), "up": per("cum_up_bytes_per_client"),
                "formula_up": per("formula_up_bytes_per_client"), "thesis_up": th.get("up"),
@@ -336,7 +348,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
             continue
         ran, planned = row["rounds_run"], row.get("rounds_full")
         delta = f"{row['delta']:+.3f}" if row["delta"] is not None else (
-            "cut short" if not row["complete"] else "-")
+            "diverged" if row["diverged"] else "cut short" if not row["complete"] else "-")
         c = [row["row"], f"{ran}/{planned}" if planned and ran != planned else f(ran), row["metric"],
              f(row["measured"]), f(row["thesis"]), delta, f(row["round"]), f(row["thesis_round"]),
              cost(row["up"]), cost(row["formula_up"]), cost(row["thesis_up"]), cost(row["down"]),
@@ -346,6 +358,7 @@ def print_comparison(table: str, thesis: dict, results: list[dict], console: Con
         cells.append(c)
     dropped = print_fitted(console, f"{table}: measured vs thesis", cols, cells, wide)
     console.print(f"costs: cumulative {'bytes' if unit == 'B' else unit} per client of the population, "
-                  "at the best round"
+                  "at the best round; formula up: the thesis's cost formula at the width the values were sent at "
+                  "(a DP row's b-bit masked integers, where the thesis counts float32 but for FL-SIGN-DP)"
                   + (f"; not shown for width: {', '.join(dropped)} (--wide)" if dropped else ""), highlight=False)
     return rows

@@ -48,7 +48,7 @@ from dpfl.engine.evaluate import evaluate
 from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY, Simulation
 from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import certs, wire
-from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg
+from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg, round_values
 from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, run_round
 from dpfl.secagg import keys as kx
@@ -262,7 +262,8 @@ class Coordinator:
         steps, batch = batch_plan(self.scheme, self.sim.local, sizes)
         return wire.RoundPlan(round=ctx.round, cohort=[int(c) for c in cohort], sizes=[int(s) for s in sizes],
                               index=index, answering=len(cohort), n_selected=ctx.n_selected, steps=steps,
-                              batch=batch, describe=self.scheme.describe(), secagg=secagg or {}).to_record()
+                              batch=batch, describe=self.scheme.describe(), secagg=secagg or {},
+                              values=round_values(self.scheme)).to_record()
 
     def step_round(self) -> dict[str, Any]:
         sim, cfg = self.sim, self.cfg

@@ -106,6 +106,24 @@ def check_round_config(sa: SecAggTransport, rc: RoundConfig) -> None:
                             f"(degree {want_degree}, t = {want_t}, min_survivors = {want_min})")
 
 
+def round_values(scheme: Scheme) -> dict[str, float]:
+    """The server's `Step.round_values` of every step, as "<step index>/<name>" → value (the round plan's)."""
+    return {f"{i}/{k}": float(v) for i, s in enumerate(scheme.steps) for k, v in s.round_values().items()}
+
+
+def load_round_values(scheme: Scheme, values: Mapping[str, float], r: int) -> None:
+    """A deployed client's steps take the server's round values; the names must be those its own
+    steps give (a plan without them, or with others, is a ProtocolError)."""
+    mine = round_values(scheme)
+    if set(values) != set(mine):
+        raise ProtocolError(f"round {r}: the plan's step values {sorted(values)} are not the ones this client's scheme "
+                            f"takes {sorted(mine)}")
+    for i, s in enumerate(scheme.steps):
+        got = {k.split("/", 1)[1]: v for k, v in values.items() if k.split("/", 1)[0] == str(i)}
+        if got:
+            s.load_round_values(got)
+
+
 def decode_sum(sa: SecAggTransport, total: np.ndarray, bits: int) -> torch.Tensor:
     """The unmasked sum in Z_(2^b) → int64 (integer encoding) or float64 (fixed point)."""
     if sa.encoding == "int":
@@ -332,6 +350,7 @@ class LocalClient:
         """Local training and the client chain for this round (`dpfl.schemes.round`): the row [1, d'].
         `statistic`: the round statistic from the server, for a scheme that needs one."""
         self.check_plan(plan)
+        load_round_values(self.scheme, plan.values, plan.round)  # (the adaptive clip's C_t) before any step runs
         ctx = self.context(plan, w)
         ctx.statistic = statistic
         mask, cplan = local_plan(self.scheme, ctx)

@@ -73,7 +73,8 @@ class RoundPlan:
     calibrated on it); steps/batch: local iterations and batch size (full-batch schemes use the
     cohort's largest dataset); secagg: the round configuration of the secure sum, if any, and
     in a signed round each cohort member's Ed25519 key and its binding to the member's
-    registered node key (`signing_keys`, `bindings`: lists in cohort order).
+    registered node key (`signing_keys`, `bindings`: lists in cohort order); values: the scheme's
+    `Step.round_values` ("<step index>/<name>" → a finite float: the adaptive clip's bound C_t).
     """
 
     round: int
@@ -86,11 +87,15 @@ class RoundPlan:
     batch: int
     describe: str  # the scheme as the server built it (clients check theirs is the same)
     secagg: dict[str, Any] = field(default_factory=dict)  # bits, d, threshold, min_survivors, graph[, signing]
+    values: dict[str, float] = field(default_factory=dict)  # the steps' round values (Step.round_values)
 
     def to_record(self) -> ConfigRecord:
         d = asdict(self)
         sec = d.pop("secagg")
+        values = d.pop("values")
         rec = ConfigRecord({k: v for k, v in d.items()})
+        if values:
+            rec["step_names"], rec["step_values"] = list(values), [float(v) for v in values.values()]
         if sec:
             rec["sa_bits"], rec["sa_d"] = int(sec["bits"]), int(sec["d"])
             rec["sa_threshold"], rec["sa_min_survivors"] = int(sec["threshold"]), int(sec["min_survivors"])
@@ -132,7 +137,16 @@ class RoundPlan:
                 raise ProtocolError(f"{w}: {len(vks)} signing keys and {len(bindings)} bindings for a cohort of "
                                     f"{len(cohort)}")
             sec.update(signing_keys=vks, bindings=bindings)
-        return cls(cohort=cohort, sizes=sizes, describe=_get(rec, "describe", str, w), secagg=sec, **ints)
+        values: dict[str, float] = {}
+        if "step_names" in rec or "step_values" in rec:
+            names, vals = _get(rec, "step_names", list, w), _get(rec, "step_values", list, w)
+            if (len(names) != len(vals) or len(set(names)) != len(names) or not all(isinstance(x, str) for x in names)
+                    or not all(isinstance(v, float) and math.isfinite(v) for v in vals)):
+                raise ProtocolError(f"{w}: step_names and step_values must be distinct names and as many finite "
+                                    "floats")
+            values = dict(zip(names, vals))
+        return cls(cohort=cohort, sizes=sizes, describe=_get(rec, "describe", str, w), secagg=sec, values=values,
+                   **ints)
 
     @property
     def signed(self) -> bool:

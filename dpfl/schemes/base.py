@@ -32,7 +32,9 @@ What a step declares (typed class attributes; drivers read these, never method o
 state between rounds, which a deployed client keeps on its own node), ``round_statistic`` (it
 needs a statistic of the round's clients before local training: a second exchange over Flower);
 what its server side needs from deployed clients goes through ``client_report`` / ``server_report``. A transport declares ``secure`` and
-``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats).
+``bits_per_value`` (bits one value takes on the wire; None: 32-bit floats). A step whose client side
+follows server state that changes between rounds (the adaptive clip bound) gives it in ``round_values``;
+``needs_aggregator`` names the aggregator its server side assumes (checked at setup).
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ class Step:
     # rows, combined by `combine_statistic` into ctx.statistic); over Flower a first exchange
     round_statistic: bool = False
     sigma: float | None = None  # the noise multiplier σ of a noise step (checkpoints compare it on resume)
+    # the aggregator (by name) its server side reads the aggregate of (the adaptive clip's count: "dp_mean")
+    needs_aggregator: str | None = None
 
     def setup(self, ctx: SetupContext) -> None:
         """Called once before training (e.g. pick a Top-K set, select a clip bound)."""
@@ -174,6 +178,15 @@ class Step:
     def privacy_events(self, ctx: RoundContext) -> list[Any]:
         """Privacy events this round adds to the ledger (noise steps)."""
         return []
+
+    def round_values(self) -> dict[str, float]:
+        """Scalars of this step's server-side state that its client side needs this round (the
+        adaptive clip's bound C_t). In process the step already holds them; over Flower they travel
+        in the round plan and a deployed client sets them with `load_round_values`."""
+        return {}
+
+    def load_round_values(self, values: dict[str, float]) -> None:
+        """A deployed client's copy of `round_values` from the server (checked by the step)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -18,8 +18,10 @@ Options shared by all (see docs/dp-schemes.md):
                     RunConfig.accounted_sampling): Poisson (add/remove neighbours), a fixed-size
                     cohort without replacement (replace-one neighbours), or none (q = 1, local noise).
   clip              S, or "auto" (the thesis heuristic, not charged), or "private" (DP median,
-                    charged); clip_clients: initialisation-round clients (default all N);
-                    clip_epsilon: ε₀ of the private median.
+                    charged), or "adaptive" (Andrew et al. 2021: S follows the clip_quantile of the
+                    norms from a noisy count, clip_lr, clip_init, clip_count_sigma; σ is then the joint
+                    multiplier, see dp.adaptive_update_sigma); clip_clients: initialisation-round
+                    clients (default all N); clip_epsilon: ε₀ of the private median.
   tolerate          l, client failures after masking the noise still covers.
   noise             "distributed" (secure aggregation) | "central" | "local".
   secure_aggregation, neighbours, threshold, drop_after_masking, frac_bits: secure sum options

@@ -3,6 +3,9 @@ privacy event each round adds to the ledger.
 
 A DP scheme is a chain  [compression step] → ClipStep(S) → GaussianNoiseStep(σ)  (or, for FL-SIGN-DP,
 SignStep → DiscreteGaussianShareStep(σ)), a transport and an aggregator (see `dp_wrapper.make_private`).
+With adaptive clipping (Andrew et al. 2021) `AdaptiveClipStep` replaces ClipStep(S): each row carries one
+more value, the client's b − ½ = 1[‖Δ‖ ≤ C_t] − ½, noised with σ_b like the row and summed with it; σ is
+the joint multiplier the ledger records and the update's noise is σ_Δ (`adaptive_update_sigma`).
 
 Noise placement (`noise=`):
 
@@ -46,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, ProtocolError
 from dpfl.privacy import (
     DiscreteGaussianEvent,
     GaussianEvent,
@@ -171,6 +174,10 @@ class ClipStep(Step):
             self.bound = _positive("selected clip bound S", bound)
 
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        return self._clipped(u, ctx)[0]
+
+    def _clipped(self, u: torch.Tensor, ctx: RoundContext) -> tuple[torch.Tensor, np.ndarray]:
+        """(clipped rows, bool [k] rows that were scaled or zeroed), with the clip metrics."""
         if not u.is_floating_point():
             raise ConfigError(f"clipping needs real-valued updates, got {u.dtype}")
         out, over, bad = _clip(u, self.bound)
@@ -180,7 +187,7 @@ class ClipStep(Step):
         if nonfinite:
             ctx.metrics["dp_nonfinite_rows"] = nonfinite
         ctx.metrics["dp_clip_bound"] = self.bound
-        return out
+        return out, over
 
     def state_dict(self) -> dict[str, Any]:
         return {"bound": self.bound, "how": self.how}
@@ -190,6 +197,76 @@ class ClipStep(Step):
 
     def describe(self) -> str:
         return f"clip(S={self.bound if self.bound is None else round(self.bound, 6)}, {self.how})"
+
+
+def adaptive_update_sigma(sigma: float, count_sigma: float) -> float:
+    """Andrew et al. (2021) σ split: the update's noise multiplier z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) for which
+    the joint release — the clipped updates' sum (sensitivity S) with noise z_Δ·S and the count of
+    b − ½ (sensitivity ½) with noise σ_b — is the Gaussian mechanism with multiplier z. Needs 2σ_b > z."""
+    sigma, count_sigma = _positive("noise multiplier σ", sigma), _positive("count noise σ_b", count_sigma)
+    if 2 * count_sigma <= sigma:
+        raise ConfigError(f"clip = 'adaptive': the count's noise σ_b = clip_count_sigma = {count_sigma:.6g} must "
+                          f"exceed σ/2 = {sigma / 2:.6g} (the update's σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) is undefined "
+                          "otherwise); raise clip_count_sigma (default |K|/20), the cohort, or lower σ (raise ε)")
+    return (sigma ** -2 - (2 * count_sigma) ** -2) ** -0.5
+
+
+def joint_sigma(update_sigma: float, count_sigma: float) -> float:
+    """The joint release's noise multiplier (z_Δ⁻² + (2σ_b)⁻²)^(−1/2): `adaptive_update_sigma`'s inverse."""
+    return (update_sigma ** -2 + (2 * count_sigma) ** -2) ** -0.5
+
+
+class AdaptiveClipStep(ClipStep):
+    """Adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with
+    Adaptive Clipping", NeurIPS 2021, Alg. 1 with the geometric update).
+
+    Client: û = u / max(1, ‖u‖/C_t) as `ClipStep`, and one more value per row, b − ½ with
+    b = 1[‖u‖ ≤ C_t] of the unclipped update (a non-finite update counts as above): rows [k, d] →
+    [k, d + 1]. The noise step gives that value its own noise (σ_b in all, split like the update's), the
+    transport carries it with the row (inside the secure sum: only the sum is revealed).
+    Server (reverse chain, after the DP mean): the last value is b̃/|K| with b̃ = Σ(b − ½) + N(0, σ_b²);
+    b̄ = clamp(b̃/|K| + ½, 0, 1) is the noisy unclipped fraction and C_{t+1} = C_t·exp(−η_C(b̄ − γ)).
+    The ±½ centring makes the count's sensitivity ½, which is where the (2σ_b)⁻² of the σ split comes from.
+    C_t is the step's state (checkpointed); deployed clients get it in the round plan (`round_values`).
+    """
+
+    needs_aggregator = "dp_mean"  # the count's last value is read as (Σ(b − ½) + noise)/|K|
+
+    def __init__(self, init: float = 0.1, quantile: float = 0.5, lr: float = 0.2, count_sigma: float = 1.0):
+        super().__init__(init)
+        self.init = self.bound
+        if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 < quantile <= 1:
+            raise ConfigError(f"clip_quantile (target quantile γ) must be a fraction in (0, 1], got {quantile!r}")
+        self.quantile = float(quantile)
+        self.lr = _positive("clip_lr (learning rate η_C)", lr)
+        self.count_sigma = _positive("clip_count_sigma (count noise σ_b)", count_sigma)
+        self.how = "adaptive"
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        out, over = self._clipped(u, ctx)
+        count = torch.from_numpy(np.where(over, -0.5, 0.5)).to(out.device, out.dtype)  # b − ½, b = 1[‖u‖ ≤ C_t]
+        return torch.cat([out, count[:, None]], 1)
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        frac = min(1.0, max(0.0, float(agg[-1]) + 0.5))  # b̄: only the noisy count is read
+        ctx.metrics["dp_clip_bound"] = self.bound  # C_t (over Flower, clients clip remotely)
+        ctx.metrics["dp_clip_noisy_unclipped"] = frac
+        self.bound = self.bound * math.exp(-self.lr * (frac - self.quantile))
+        ctx.metrics["dp_clip_next"] = self.bound
+        return agg[:-1]
+
+    def round_values(self) -> dict[str, float]:
+        return {"bound": self.bound}
+
+    def load_round_values(self, values: dict[str, float]) -> None:
+        v = values.get("bound")
+        if isinstance(v, bool) or not isinstance(v, float) or not math.isfinite(v) or v <= 0:
+            raise ProtocolError(f"the adaptive clip bound in the round plan must be a finite number > 0, got {v!r}")
+        self.bound = v
+
+    def describe(self) -> str:
+        return (f"clip(adaptive, C0={self.init:.6g}, γ={self.quantile:.6g}, η={self.lr:.6g}, "
+                f"σ_b={self.count_sigma:.6g})")
 
 
 class _Participation:
@@ -267,10 +344,14 @@ class GaussianNoiseStep(_NoiseStep):
         self.clip = clip
         # (N, |K|): the round samples |K| of N clients without replacement (else Poisson with rate q)
         self.without_replacement = without_replacement
+        # adaptive clipping: the rows end with the count value b − ½, noised with σ_b in all; σ stays the
+        # joint multiplier the ledger records, the update's noise is σ_Δ (`adaptive_update_sigma`)
+        self.count_sigma: float | None = getattr(clip, "count_sigma", None)
+        self.update_sigma = self.sigma if self.count_sigma is None else adaptive_update_sigma(sigma, self.count_sigma)
 
     def share_std(self, k: int) -> float:
         """Std of one client's share for a round with k answering clients (0 for central)."""
-        full = self.clip.bound * self.sigma
+        full = self.clip.bound * self.update_sigma
         if self.noise == "distributed":
             return full / math.sqrt(shares(k, self.tolerate))
         return full if self.noise == "local" else 0.0
@@ -278,10 +359,39 @@ class GaussianNoiseStep(_NoiseStep):
     def mean_noise_std(self, ctx: RoundContext) -> float:
         """Per-coordinate std of the noise in this round's DP mean (all k shares added)."""
         k = ctx.k()
-        total = self.clip.bound * self.sigma if self.noise == "central" else self.share_std(k) * math.sqrt(k)
+        total = self.clip.bound * self.update_sigma if self.noise == "central" else self.share_std(k) * math.sqrt(k)
         return total / dp_denominator(ctx)
 
+    def count_share_std(self, k: int) -> float:
+        """Std of one client's share of the adaptive clip count's noise σ_b (0 for central)."""
+        if self.noise == "distributed":
+            return self.count_sigma / math.sqrt(shares(k, self.tolerate))
+        return self.count_sigma if self.noise == "local" else 0.0
+
     def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        if self.count_sigma is None:
+            return self._shares(u, ctx)
+        # adaptive clipping: the update's shares as without it, then the count value's own share
+        return torch.cat([self._shares(u[:, :-1].contiguous(), ctx), self._count_shares(u[:, -1:], ctx)], 1)
+
+    def _count_shares(self, b: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        """The count values b − ½ [k, 1] plus each client's share of N(0, σ_b²), from its own stream."""
+        k = ctx.k()
+        std = self.count_share_std(k)
+        ctx.metrics["dp_count_share_std"] = std
+        if std == 0.0:
+            return b
+        skip = _omitted(ctx, k)
+        rows = [i for i in range(len(ctx.cohort)) if not skip[i]]
+        z = torch.zeros(len(ctx.cohort), 1, dtype=torch.float64, device=b.device)
+        if rows:
+            part = torch.empty(len(rows), 1, dtype=torch.float64, device=b.device)
+            gaussian_rows([ctx.seeds.crypto("round", ctx.round, "dp-count-share", int(ctx.cohort[i])) for i in rows],
+                          part, std)
+            z[torch.tensor(rows, device=b.device)] = part
+        return z.add_(b.to(torch.float64)).to(b.dtype)
+
+    def _shares(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         k = ctx.k()
         if self.noise == "central":
             return u
@@ -314,8 +424,13 @@ class GaussianNoiseStep(_NoiseStep):
             ctx.dp_noise_std = self.mean_noise_std(ctx)  # for later server steps (FL-CS's λ = "noise")
         if self.noise != "central":
             return agg
-        std = self.clip.bound * self.sigma / dp_denominator(ctx)
-        z = gaussian_noise(agg.numel(), std, ctx.seeds.crypto("round", ctx.round, "dp-central"))
+        std = self.clip.bound * self.update_sigma / dp_denominator(ctx)
+        n = agg.numel() - (self.count_sigma is not None)  # (the adaptive clip's count value last)
+        z = gaussian_noise(n, std, ctx.seeds.crypto("round", ctx.round, "dp-central"))
+        if self.count_sigma is not None:
+            zb = gaussian_noise(1, self.count_sigma / dp_denominator(ctx),
+                                ctx.seeds.crypto("round", ctx.round, "dp-central-count"))
+            z = np.concatenate([z, zb])
         return (agg.to("cpu", torch.float64) + torch.from_numpy(z)).to(agg.device, agg.dtype)
 
     def privacy_events(self, ctx: RoundContext) -> list[Any]:
@@ -325,6 +440,11 @@ class GaussianNoiseStep(_NoiseStep):
             return [SampledWithoutReplacementGaussianEvent(self.sigma, *self.without_replacement)]
         return [SampledGaussianEvent(self.sigma, self.q)]
 
+    def describe(self) -> str:
+        out = super().describe()
+        if self.count_sigma is None:
+            return out
+        return f"{out[:-1]}, joint: update σ_Δ={self.update_sigma:.6g}, count σ_b={self.count_sigma:.6g})"
 
 
 class DiscreteGaussianShareStep(_NoiseStep):

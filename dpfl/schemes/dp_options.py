@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -31,7 +32,8 @@ class DPOptions(BaseModel):
     # ---- [scheme.options] keys
     sigma: Positive | None = Field(None, description="a finite number > 0 (noise multiplier σ)")
     epsilon: Positive | None = Field(None, description="a finite number > 0 (target ε)")
-    clip: Positive | Literal["auto", "private"] = Field("auto", description="a number > 0, 'auto' or 'private'")
+    clip: Positive | Literal["auto", "private", "adaptive"] = Field(
+        "auto", description="a number > 0, 'auto', 'private' or 'adaptive'")
     tolerate: int = Field(0, ge=0, description="an integer ≥ 0 (l, client failures the noise covers)")
     noise: Literal["distributed", "central", "local"] = Field(
         "distributed", description="one of 'distributed', 'central', 'local' (noise placement)")
@@ -42,6 +44,13 @@ class DPOptions(BaseModel):
     frac_bits: int | None = Field(None, ge=0, le=52, description="an integer in [0, 52] or omitted (automatic)")
     clip_clients: int | None = Field(None, ge=1, description="an integer ≥ 1 or omitted (all N)")
     clip_epsilon: Positive = Field(0.1, description="a finite number > 0 (ε₀ of clip = 'private')")
+    # clip = "adaptive" (Andrew et al., NeurIPS 2021); None: the paper's default (see ADAPTIVE_DEFAULTS)
+    clip_quantile: float | None = Field(None, gt=0, le=1, allow_inf_nan=False,
+                                        description="a fraction in (0, 1] (target quantile γ of clip = 'adaptive')")
+    clip_lr: Positive | None = Field(None, description="a finite number > 0 (learning rate η_C of clip = 'adaptive')")
+    clip_init: Positive | None = Field(None, description="a finite number > 0 (initial bound C₀ of clip = 'adaptive')")
+    clip_count_sigma: Positive | None = Field(
+        None, description="a finite number > 0 (σ_b, std of the noise on the count of clip = 'adaptive')")
 
     # ---- the scheme and the run (not [scheme.options])
     name: str = "dp"  # the DP scheme's name
@@ -80,6 +89,10 @@ class DPOptions(BaseModel):
                 "state privacy.sampling_assumption = 'poisson' (ε then assumes Poisson sampling)")
         if self.accounted_sampling == "without-replacement" and self.n_clients is None:
             raise ValueError("sampling without replacement needs n_clients (N)")
+        given = [k for k in ADAPTIVE_DEFAULTS if getattr(self, k) is not None]
+        if given and self.clip != "adaptive":
+            raise ValueError(f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} to clip = 'adaptive' "
+                             f"(got clip = {self.clip!r})")
         if self.secure:
             return self
         if self.drop_after_masking:
@@ -108,6 +121,13 @@ class DPOptions(BaseModel):
         """(N, |K|) when a fixed-size cohort is accounted as drawn, else None."""
         return (self.n_clients, self.cohort_size) if self.accounted_sampling == "without-replacement" else None
 
+    def adaptive(self, key: str) -> float:
+        """An option of clip = "adaptive", or the paper's default (clip_count_sigma: |K|/20)."""
+        v = getattr(self, key)
+        if v is not None:
+            return float(v)
+        return 0.05 * self.cohort_size if key == "clip_count_sigma" else ADAPTIVE_DEFAULTS[key]
+
     @property
     def neighbouring(self) -> str:
         return "replace_one" if self.without_replacement else "add_remove"
@@ -121,8 +141,12 @@ class DPOptions(BaseModel):
             raise ConfigError(f"scheme {facts.get('name', 'dp')!r}: {_one_line(e)}") from None
 
 
+# Andrew et al. (NeurIPS 2021) and TFF's `gaussian_adaptive`: γ = 0.5, η_C = 0.2, C₀ = 0.1, σ_b = 0.05·|K|
+ADAPTIVE_DEFAULTS: dict[str, float] = {"clip_quantile": 0.5, "clip_lr": 0.2, "clip_init": 0.1,
+                                       "clip_count_sigma": math.nan}  # (σ_b: |K|/20, see DPOptions.adaptive)
 USER_OPTIONS = tuple(k for k in DPOptions.model_fields if DPOptions.model_fields[k].description)
-GAUSSIAN_ONLY = ("clip", "clip_clients", "clip_epsilon", "frac_bits")  # FL-SIGN-DP's sensitivity is √n
+# FL-SIGN-DP's sensitivity is √n: no clip bound to give, select or adapt
+GAUSSIAN_ONLY = ("clip", "clip_clients", "clip_epsilon", "frac_bits", *ADAPTIVE_DEFAULTS)
 
 
 def _one_line(err: ValidationError) -> str:
@@ -173,6 +197,10 @@ def register_dp(name: str, mechanism: str = "gaussian", **defaults: Any) -> Call
             return fn(dp, **mine)
 
         build.__signature__ = sig
+        if mechanism != "gaussian":
+            build.refused_options = {k: (
+                f"option {k!r} does not apply: its discrete Gaussian mechanism on sign vectors has sensitivity √n, "
+                "not a clip bound S: nothing to give, select or adapt (no clip = 'adaptive')") for k in GAUSSIAN_ONLY if k != "frac_bits"}
         return register(name)(build)
 
     return deco

@@ -6,6 +6,10 @@
 
 σ is resolved once (`resolve_sigma`): the given multiplier, or the smallest one that reaches the
 target ε for the events the run will record (`privacy.calibrate_sigma_for_events`).
+
+clip = "adaptive" (Andrew et al. 2021): `AdaptiveClipStep` instead of ClipStep(S); σ is then the joint
+query's multiplier (the ledger's event), and the noise step gives the update σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2)
+and the clip count σ_b (`dp.adaptive_update_sigma`), so a target ε calibrates the joint mechanism.
 """
 
 from __future__ import annotations
@@ -25,7 +29,13 @@ from dpfl.privacy import (
 from dpfl.schemes import sensitivity
 from dpfl.schemes.aggregators import SumAggregator
 from dpfl.schemes.base import SetupContext, Step, Transport
-from dpfl.schemes.dp import ClipStep, DiscreteGaussianShareStep, DPMeanAggregator, GaussianNoiseStep
+from dpfl.schemes.dp import (
+    AdaptiveClipStep,
+    ClipStep,
+    DiscreteGaussianShareStep,
+    DPMeanAggregator,
+    GaussianNoiseStep,
+)
 from dpfl.schemes.dp_options import DPOptions
 from dpfl.schemes.registry import Scheme
 from dpfl.schemes.secure_sum import SecureSum
@@ -57,9 +67,12 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
         sens = clip
         if post_processing and dp.noise == "central":  # ‖Q(v)‖ ≤ growth·‖v‖ (+ float margin)
             sens = ClipStep(clip.bound * norm_growth * (1 + 1e-6))
-        sigma = resolve_sigma(dp, _gaussian_event(dp), prefix)
-        noise = GaussianNoiseStep(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
-                              without_replacement=dp.without_replacement)
+        sigma = resolve_sigma(dp, _gaussian_event(dp), prefix)  # adaptive clipping: the joint σ, split below
+        try:
+            noise = GaussianNoiseStep(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
+                                  without_replacement=dp.without_replacement)
+        except ConfigError as e:
+            raise ConfigError(f"scheme {dp.name!r}: {e}") from None
         if not post_processing:
             chain = [*compress, clip, noise]
         else:
@@ -116,6 +129,9 @@ def _clip_step(dp: DPOptions, compress: list[Step], auto: ClipSelector | None,
     if post_processing:
         raise ConfigError(f"scheme {dp.name!r}: clip must be a number > 0 here (its compression runs after the "
                           f"noise), got {dp.clip!r}")
+    if dp.clip == "adaptive":
+        return AdaptiveClipStep(dp.adaptive("clip_init"), dp.adaptive("clip_quantile"), dp.adaptive("clip_lr"),
+                                dp.adaptive("clip_count_sigma")), ()
     if dp.clip == "auto":
         return ClipStep(selector=auto or (lambda ctx: sensitivity.client_median(ctx, compress, dp.clip_clients))), ()
     eps0 = dp.clip_epsilon

@@ -51,6 +51,10 @@ class Scheme:
         for s in self.steps:
             s.setup(ctx)
         self.transport.setup(ctx)
+        for s in self.steps:
+            if s.needs_aggregator is not None and self.aggregator.name != s.needs_aggregator:
+                raise ConfigError(f"scheme {self.name}: step {s.describe()} reads the {s.needs_aggregator!r} "
+                                  f"aggregate, not {self.aggregator.name!r}; leave scheme.aggregator unset")
         if self.aggregator.needs_rows and self.transport.secure:
             raise ConfigError(f"scheme {self.name}: aggregator {self.aggregator.name!r} needs individual updates, "
                               "which secure aggregation hides from the server; use a mean or sum aggregator")
@@ -108,6 +112,10 @@ def build_scheme(name: str, options: dict[str, Any], env: dict[str, Any]) -> Sch
     params = inspect.signature(fn).parameters
     env_keys = {k for k in params if k in env}
     allowed = [k for k in params if k not in env_keys and k != "env"]
+    refused = getattr(fn, "refused_options", {})  # options this scheme refuses with a reason of its own
+    why = [refused[k] for k in sorted(set(options) & set(refused))]
+    if why:
+        raise ConfigError(f"scheme {name!r}: {why[0]}")
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"scheme {name!r}: unknown option(s) {unknown}; allowed: {', '.join(allowed) or 'none'}")

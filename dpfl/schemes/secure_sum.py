@@ -151,7 +151,9 @@ class SecureSum(Transport):
     Z_(2^b) (`dpfl.secagg.SecAggTransport`, one per round, so b follows the round's k).
 
     Gaussian rows: fixed point, range S + t·(share std) (exceeded with prob ≤ 2⁻⁴⁰), scale 2^f
-    with f = `frac_bits` or, by default, the smallest f whose step is ≤ share std / 256.
+    with f = `frac_bits` or, by default, the smallest f whose step is ≤ share std / 256. With adaptive
+    clipping each row ends with the clip count's value b − ½ plus its noise share, inside the same sum:
+    the range covers ½ + t·(its share std) too, and the step the smaller of the two stds.
     FL-SIGN-DP rows: integers, b = ⌈log₂((12·√n·σ' + 1)·k)⌉ with σ' = σ·√(k/(k − l)) — the
     thesis formula (§5.2.4), which it equals for l = 0, k = |K|.
     `max_dropouts` = l: a round where more than l clients drop after masking aborts; a round of k
@@ -189,10 +191,13 @@ class SecureSum(Transport):
         if isinstance(self.noise, DiscreteGaussianShareStep):
             m = shares(k, self.noise.tolerate)
             return self._inner(encoding="int", bits=sign_dp_bits(d, self.noise.sigma * math.sqrt(k / m), k))
-        std = self.noise.share_std(k)
-        f = self.frac_bits if self.frac_bits is not None else min(52, max(0, math.ceil(8 - math.log2(std))))
-        return self._inner(encoding="fixed", clip_range=gaussian_clip_range(self.noise.clip.bound, std, k * d),
-                           frac_bits=f)
+        std = finest = self.noise.share_std(k)
+        rng = gaussian_clip_range(self.noise.clip.bound, std, k * d)
+        if self.noise.count_sigma is not None:  # adaptive clipping: the row's last value is b − ½ + its share
+            count_std = self.noise.count_share_std(k)
+            rng, finest = max(rng, gaussian_clip_range(0.5, count_std, k * d)), min(std, count_std)
+        f = self.frac_bits if self.frac_bits is not None else min(52, max(0, math.ceil(8 - math.log2(finest))))
+        return self._inner(encoding="fixed", clip_range=rng, frac_bits=f)
 
     def transmit(self, u: torch.Tensor, ctx: RoundContext) -> Received:
         k, d = u.shape

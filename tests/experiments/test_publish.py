@@ -1,6 +1,7 @@
 """`dpfl publish`: README/RESULTS tables are the records' numbers, and nothing else."""
 
 import json
+import math
 import re
 import shlex
 import shutil
@@ -48,8 +49,14 @@ def test_headline_rows_each_point_at_an_existing_record():
             continue
         run_dir = ROOT / link.group(2)
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        value, rnd = re.match(r"(\d\.\d{4}) at round (\d+)", measured).groups()
-        assert f"{metrics[int(rnd) - 1]['accuracy']:.4f}" == value, label
+        nan = re.match(r"diverged \(loss NaN from round (\d+)\)", measured)
+        if nan:  # a diverged model: no accuracy, the first round whose loss is NaN
+            losses = [m["loss"] for m in metrics]
+            assert math.isnan(losses[int(nan.group(1)) - 1]), label
+            assert not any(math.isnan(x) for x in losses[: int(nan.group(1)) - 1]), label
+        else:
+            value, rnd = re.match(r"(\d\.\d{4}) at round (\d+)", measured).groups()
+            assert f"{metrics[int(rnd) - 1]['accuracy']:.4f}" == value, label
         assert f"--row {run_dir.name} " in cmd
 
 
@@ -282,7 +289,8 @@ def test_the_scoreboard_pld_mean_counts_each_pair_of_runs_once():
         if all(s["rounds_run"] == full and not s.get("stopped") for s in (a, b)):
             gains.append(a["best"]["accuracy"] - b["best"]["accuracy"])
     assert any("-rdp" in str(p) for p in twins.values())
-    line = pub.scoreboard_block(ROOT / "records").splitlines()[-1]
+    line = next(ln for ln in pub.scoreboard_block(ROOT / "records").splitlines()
+                if ln.startswith("PLD/RDP σ − moments σ over all"))
     assert f"all {len(gains)} distinct pairs" in line and f"mean {sum(gains) / len(gains):+.4f}." in line
 
 
@@ -297,3 +305,129 @@ def test_the_machine_column_says_which_rounds_ran_elsewhere():
     assert _timing(e) == "2.0 s, EPYC, 1 thread; rounds 1–77 on cuda: H100 on Xeon (AVX512)"
     e["summary"]["code"] = [code[1]]
     assert _timing(e) == "2.0 s, EPYC, 1 thread"
+
+
+# ---- the audit of issue 42: one run in two tables, diverged models, Δ at the ±0.03 line, the cost formula's width
+
+def _row(block: str, row: str, nth: int = 0) -> list[str]:
+    lines = [ln for ln in block.splitlines() if ln.startswith(f"| [{row}](")]
+    return [c.strip() for c in lines[nth].strip().strip("|").split("|")]
+
+
+def _block(table: str) -> str:
+    records = ROOT / "records"
+    return pub.table_block(records, table, pub.record_tables(records)[table], "../records", None)
+
+
+def test_one_run_read_by_two_tables_is_said_on_both_rows_and_under_the_scoreboard():
+    assert "(the same run as table-5.1 fl-std-dp_eps1)" in _row(_block("table-5.3"), "fl-std-dp_r1.0")[0]
+    assert "(also table-5.3 fl-std-dp_r1.0: the same run)" in _row(_block("table-5.1"), "fl-std-dp_eps1")[0]
+    assert "(pld σ, also table-5.3-pld fl-std-dp_r1.0: the same run)" in _row(_block("table-5.1"), "fl-std-dp_eps1", 1)[0]
+    assert "(the same run as table-4.1 fl-sign)" in _row(_block("table-6.1-fmnist"), "fl-sign-00")[0]
+    assert "(also table-6.1-fmnist fl-sign-00: the same run)" in _row(_block("table-4.1"), "fl-sign")[0]
+    # the same config in two tables, run twice: said so, as two runs
+    assert "(the same config as table-6.1-fmnist fl-std-00, run separately)" in _row(_block("table-4.1"), "fl-std")[0]
+    board = pub.scoreboard_block(ROOT / "records")
+    one_run = next(ln for ln in board.splitlines() if ln.startswith("One run is two tables' row"))
+    for pair in ("table-5.3 fl-std-dp_r1.0 = table-5.1 fl-std-dp_eps1", "table-6.1-fmnist fl-sign-00 = table-4.1 fl-sign",
+                 "table-5.3-pld fl-std-dp_r1.0 = table-5.1-pld fl-std-dp_eps1"):
+        assert pair in one_run
+    assert "table-4.1 fl-std / table-6.1-fmnist fl-std-00 (0.8819 / 0.8819)" in board
+
+
+@pytest.mark.parametrize("pair", [("table-5.1", "fl-std-dp_eps1", "table-5.3", "fl-std-dp_r1.0"),
+                                  ("table-4.1", "fl-sign", "table-6.1-fmnist", "fl-sign-00")])
+def test_each_pair_said_to_be_one_run_is_one_config_and_one_record(pair):
+    """The pairs the tables call one run: the configs equal but for the name, and one record serves both."""
+    from dpfl.experiments.reproduce import row_dir
+
+    t1, r1, t2, r2 = pair
+    a, b = (load_config(table_rows(t)[1][r]).model_dump(mode="json", exclude={"name"}) for t, r in ((t1, r1), (t2, r2)))
+    assert a == b
+    assert row_dir(t2, r2, ROOT / "records" / t2) == ROOT / "records" / t1 / r1
+    assert (t2, r2, "read by") in pub.shared_runs(ROOT / "records")[(t1, r1)]
+
+
+def test_a_shared_run_is_found_from_the_records_not_from_a_list(tiny_records, tmp_path):
+    """Two records with the same config and the same metrics (wall times aside) are one run; with the same
+    config but other metrics, the same experiment run twice."""
+    records = tmp_path / "records"
+    shutil.copytree(tiny_records, records)
+    twin = records / "table-4.2" / "fl-rnd_r0.2"
+    shutil.copytree(records / "table-4.2" / "fl-rnd_r0.1", twin)
+    lines = [json.loads(x) for x in (twin / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        m["round_seconds"] = m.get("round_seconds", 0) + 1.0  # another machine's wall times: still the same run
+    (twin / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    block = pub.table_block(records, "table-4.2", [None], "../records", None)
+    assert "(the same run as table-4.2 fl-rnd_r0.1: the same config and metrics)" in _row(block, "fl-rnd_r0.2")[0]
+    assert "(the same run as table-4.2 fl-rnd_r0.2: the same config and metrics)" in _row(block, "fl-rnd_r0.1")[0]
+    lines[-1]["accuracy"] += 0.0001
+    (twin / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    block = pub.table_block(records, "table-4.2", [None], "../records", None)
+    assert "(the same config as table-4.2 fl-rnd_r0.1, run separately)" in _row(block, "fl-rnd_r0.2")[0]
+    assert "the same" not in _row(block, "fl-cs_r0.1")[0]  # another config
+
+
+def test_a_diverged_row_says_so_instead_of_an_accuracy_and_counts_in_no_accuracy_column():
+    """6.3-fmnist's FL-STD rows under gradient ascent have a NaN loss in every round: their 0.1000 is no accuracy."""
+    block = _block("table-6.3-fmnist")
+    for row in ("fl-std-01", "fl-std-10", "fl-std-20", "fl-std-40", "fl-std-60"):
+        cells = _row(block, row)
+        assert cells[2] == "diverged (loss NaN from round 1)" and cells[4] == "— (diverged)"
+    assert _row(block, "fl-sign-10")[2] == "0.8650 (89)"  # a finite loss: its accuracy
+    assert "diverged: the evaluation loss is NaN at the best round" in block.splitlines()[0]
+    board = pub.scoreboard_block(ROOT / "records").splitlines()
+    head = [c.strip() for c in board[0].strip("|").split("|")]
+    row = dict(zip(head, (c.strip() for c in next(ln for ln in board if ln.startswith("| table-6.3-fmnist |"))
+                         .strip("|").split("|"))))
+    assert row["diverged (loss NaN: no accuracy, no Δ)"] == "5"
+    assert row["no Δ (no thesis number or other dataset)"] == "4"
+    assert row["within ±0.03"] == row["above thesis"] == row["more than 0.03 below"] == "0"
+    note = next(ln for ln in board if ln.startswith("Diverged"))
+    assert "table-6.3-fmnist fl-std-10 (loss NaN from round 1)" in note
+
+
+def test_a_delta_within_one_test_image_of_the_line_is_marked_and_given_4_decimals():
+    """5.3 fl-freq-dp_r0.1: 0.7301 against 0.76 is within ±0.03 by one test image of 10,000."""
+    block = _block("table-5.3")
+    assert _row(block, "fl-freq-dp_r0.1")[4] == "-0.0299 ‡"
+    assert _row(block, "fl-freq-dp_r0.1", 1)[4] == "-0.015"  # its pld σ twin: far from the line
+    assert "‡: |Δ| is within one test image" in block.splitlines()[0]
+    assert "‡" not in _block("table-5.5")
+    board = pub.scoreboard_block(ROOT / "records")
+    assert "table-5.3 fl-freq-dp_r0.1 (Δ -0.0299: within by one of 10,000 test images)" in board
+
+
+def test_the_test_images_are_read_from_the_accuracies():
+    from dpfl.experiments.report import load_run
+
+    assert pub._test_images(load_run(ROOT / "records/table-5.3/fl-freq-dp_r0.1")[1]) == 10_000
+    assert pub._test_images(load_run(ROOT / "records/table-6.12/fl-sign-10")[1]) == 9_000  # out-backdoor: 9 classes
+    metrics = [{"accuracy": 0.5}, {"accuracy": 0.7301}]
+    e = {"metric": "accuracy", "metrics": metrics}
+    assert [bool(pub._at_the_line({**e, "delta": d})) for d in (-0.0299, -0.0301, 0.0300, -0.0298, -0.0302)] == \
+        [True, True, True, False, False]
+    assert pub._test_images([{"accuracy": 0.123456789123}]) is None
+
+
+def test_dp_rows_give_the_cost_formula_at_the_masked_width_and_at_32_bits():
+    """The record's formula counts the b-bit masked integers; the thesis counts float32 (FL-SIGN-DP: b bits)."""
+    from dpfl.experiments.report import load_run
+
+    block = _block("table-5.3")
+    head = [c.strip() for c in block.splitlines()[2].strip("|").split("|")]
+    col = head.index("cost formula up / client: at the masked width b; at 32 bits")
+    summary, metrics = load_run(ROOT / "records/table-5.3/fl-freq-dp_r0.05")
+    best = metrics[summary["best"]["round"] - 1]
+    b = best["step_secagg_bits"]
+    at_b = best["formula_up_bytes_per_client"] * 8 / 1e6
+    assert b == 20 and _row(block, "fl-freq-dp_r0.05")[col] == \
+        f"{at_b:,.2f} Mbit at b = 20 bits; {at_b * 32 / 20:,.2f} Mbit at 32 bits"
+    six10 = _block("table-6.10")
+    head = [c.strip() for c in six10.splitlines()[2].strip("|").split("|")]
+    col = head.index("cost formula up / client: at the masked width b; at 32 bits")
+    assert _row(six10, "fl-sign-10")[col] == "—"  # no masked integers
+    assert _row(six10, "fl-sign-dp-eps1-10")[col].endswith(" at 32 bits") and " at b = 22 bits; " in \
+        _row(six10, "fl-sign-dp-eps1-10")[col]
+    assert "cost formula" not in _block("table-4.4")  # no DP row

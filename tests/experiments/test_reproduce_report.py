@@ -186,3 +186,20 @@ def test_a_wrong_same_run_is_refused(tmp_path, monkeypatch, changes, target, wor
     monkeypatch.setattr(rp, "configs_root", lambda: tmp_path / "configs")
     with pytest.raises(ConfigError, match=f"table-b/y: same_run '{target}'.*{words}"):
         rp.same_run("table-b", "y")
+
+
+def test_a_best_round_with_a_nan_loss_is_diverged_and_gets_no_delta():
+    """A model whose evaluation loss is NaN outputs a constant: its 0.1 is no accuracy to set against the thesis."""
+    from dpfl.experiments.reproduce import compare_rows
+
+    thesis = {"x": {"accuracy": 0.12}}
+
+    def result(loss):
+        best = {"round": 1, "accuracy": 0.1, "loss": loss, "metric": "accuracy"}
+        return {"row": "x", "dir": "d", "summary": {"best": best, "rounds_run": 2, "rounds_planned": 2,
+                                                     "rounds_full": 2}}
+
+    nan, finite = compare_rows(thesis, [result(float("nan")), result(2.3)])
+    assert nan["diverged"] and nan["delta"] is None
+    assert not finite["diverged"] and finite["delta"] == pytest.approx(-0.02)
+    assert compare_rows(thesis, [result(float("inf"))])[0]["diverged"]

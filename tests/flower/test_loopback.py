@@ -235,7 +235,7 @@ def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
 FLOWER_ONLY = {"flower_up_bytes", "flower_down_bytes", "absent", "rejoined", "fed_sites", "fed_examples", "fed_accuracy",
                "fed_loss"}
 SIMULATOR_ONLY = {"step_secagg_protocol_bytes", "step_secagg_dropped", "step_dp_clip_bound", "step_dp_clip_fraction",
-                  "step_dp_noise_shares", "step_dp_share_std", "step_up_bits_per_value"}
+                  "step_dp_noise_shares", "step_dp_share_std", "step_up_bits_per_value", "step_dp_count_share_std"}
 # (Sub-FedAvg's step_sparsity and personal accuracies are computed from the masks its clients report)
 
 SAME_ROUND = {
@@ -243,6 +243,11 @@ SAME_ROUND = {
     "fl-sign-dp": SIGN_DP,
     "fl-cs-dp": {"name": "fl-cs-dp", "options": {"sigma": 0.8, "clip": 0.5, "ratio": 0.25, "chunks": 2}},
     "fl-top-dp": {"name": "fl-top-dp", "options": {"sigma": 0.8, "clip": 0.5, "ratio": 0.25}},
+    # adaptive clipping: C_t goes to the clients in the round plan, each count value inside the secure sum
+    "adaptive-fl-std-dp": {"name": "fl-std-dp", "options": {"sigma": 0.8, "clip": "adaptive", "clip_count_sigma": 1.0,
+                                                            "clip_init": 0.05, "clip_lr": 0.5}},
+    "adaptive-central-fl-std-dp": {"name": "fl-std-dp", "options": {
+        "sigma": 0.8, "clip": "adaptive", "clip_count_sigma": 1.0, "noise": "central"}},
     "feddyn": {"name": "feddyn", "options": {"alpha": 0.1}},
     "fsvrg": {"name": "fsvrg", "options": {"h": 1.0, "batch_size": 64}},  # + the full-gradient exchange
     "sub-fedavg": {"name": "sub-fedavg", "options": {"sparsity": 0.5, "prune_rate": 0.3, "personal_eval": 50}},

@@ -79,6 +79,21 @@ def test_round_plan_round_trips_with_its_graph():
         wire.RoundPlan.from_record(bad)
 
 
+def test_a_round_plan_carries_the_steps_round_values():
+    """The adaptive clip's C_t travels in the plan: distinct names, finite floats, else ProtocolError."""
+    plan = wire.RoundPlan(round=3, cohort=[7, 2, 9], sizes=[10, 20, 30], index=1, answering=3, n_selected=3,
+                          steps=2, batch=8, describe="x", values={"0/bound": 0.125})
+    back = wire.RoundPlan.from_record(plan.to_record())
+    assert back == plan and back.values == {"0/bound": 0.125}
+    assert "step_names" not in wire.RoundPlan(**{**vars(plan), "values": {}}).to_record()
+    for names, values in ((["0/bound"], []), (["0/bound"], [float("nan")]), (["0/bound"], [1]),
+                          (["a", "a"], [1.0, 2.0]), ([3], [1.0])):
+        bad = plan.to_record()
+        bad["step_names"], bad["step_values"] = names, values
+        with pytest.raises(ProtocolError, match="step_names and step_values"):
+            wire.RoundPlan.from_record(bad)
+
+
 def test_a_signed_round_plan_carries_keys_and_bindings_of_the_cohort():
     graph = {0: (1, 2), 1: (0, 2), 2: (0, 1)}
     vks, bindings = [bytes([i]) * 32 for i in range(3)], [b"b" * 103, b"c" * 102, b"d" * 104]

@@ -42,7 +42,7 @@ def test_sigma_and_target_epsilon_are_exclusive(opts):
     ({"sigma": True}, "sigma must be a finite number > 0"),
     ({"sigma": "1"}, "sigma must be a finite number > 0"),
     ({"epsilon": math.inf}, "epsilon must be a finite number > 0"),
-    ({"sigma": 1.0, "clip": "median"}, "clip must be a number > 0, 'auto' or 'private', got 'median'"),
+    ({"sigma": 1.0, "clip": "median"}, "clip must be a number > 0, 'auto', 'private' or 'adaptive', got 'median'"),
     ({"sigma": 1.0, "clip": 0}, "clip must be a number > 0"),
     ({"sigma": 1.0, "tolerate": -1}, "tolerate must be an integer ≥ 0"),
     ({"sigma": 1.0, "tolerate": 10}, "tolerate = 10 must be < the cohort size |K| = 10"),
@@ -71,9 +71,11 @@ def test_several_bad_values_still_make_one_line():
 def test_unknown_and_scheme_specific_options_name_the_allowed_ones():
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['bogus'\]; allowed: .*sigma, epsilon, clip"):
         build_scheme("fl-std-dp", {"sigma": 1.0, "bogus": 1}, _env())
-    # FL-SIGN-DP's sensitivity is √n: no clip options; the allowed list says what there is
-    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['clip'\]; allowed: gamma, sigma, epsilon"):
+    # FL-SIGN-DP's sensitivity is √n: no clip options, and the error says why
+    with pytest.raises(ConfigError, match=r"option 'clip' does not apply: .* sensitivity √n, not a clip bound S"):
         build_scheme("fl-sign-dp", {"sigma": 1.0, "clip": 1.0}, _env())
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['bogus'\]; allowed: gamma, sigma, epsilon, tolerate"):
+        build_scheme("fl-sign-dp", {"sigma": 1.0, "bogus": 1.0}, _env())
     # the run's facts come from the run config, not from [scheme.options]
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['accountant'\]"):
         build_scheme("fl-std-dp", {"sigma": 1.0, "accountant": "pld"}, _env())
