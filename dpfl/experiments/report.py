@@ -175,6 +175,15 @@ def print_fitted(console: Console, title: str, columns: list[tuple[str, int]], r
 
 
 def report_runs(run_dirs: list[Path], out: Path, console: Console, wide: bool = False) -> list[Path]:
+    """The best-round table and plots of the training runs; an audit-only directory (audit.json, no
+    metrics.jsonl: a central DP-SGD audit, or a committed audit record) prints its audit alone."""
+    audit_only = [Path(d) for d in run_dirs
+                  if not (Path(d) / "metrics.jsonl").is_file() and (Path(d) / "audit.json").is_file()]
+    for d in audit_only:
+        print_audit(console, load_audit(d), d, title=f"privacy audit of {d.name}")
+    run_dirs = [d for d in run_dirs if Path(d) not in audit_only]
+    if not run_dirs:
+        return []
     runs = [(Path(d), *load_run(d)) for d in run_dirs]
     labels, shared = run_labels(runs)
     cols = [("run", 0), ("scheme", 3), ("metric", 6), ("value", 0), ("best round", 0), ("up / client", 0),

@@ -95,3 +95,20 @@ def test_record_canaries_are_in_the_clients_data_only_when_included(audit_config
     assert torch.equal(sim.fed.y[real:], sim.canary_y[torch.from_numpy(sim.included)])
     with pytest.raises(ConfigError, match="--scale"):
         audit(cfg, canaries=100, scale=3.0, log=lambda s: None)
+
+
+def test_report_shows_an_audit_record_without_training_metrics(tmp_path):
+    """A central DP-SGD audit (or a committed audit record) has audit.json but no metrics.jsonl:
+    `dpfl report` prints the audit alone, beside a training run when given both."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "audit" / "central-dpsgd-eps4"
+    rec = tmp_path / "central"
+    shutil.copytree(src, rec)
+    saved = json.loads((rec / "audit.json").read_text())
+    r = CliRunner().invoke(app, ["report", str(rec)])
+    assert r.exit_code == 0, r.output
+    assert "privacy audit of central" in r.output and f"{saved['white']['epsilon_lower_bound']:.3f}" in r.output
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")])
+    assert r.exit_code != 0 and "not a run directory" in r.output
