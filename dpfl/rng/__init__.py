@@ -211,7 +211,10 @@ def gaussian_cpu(read, out, std: float):
         if r.size:
             idx.append(r + s)
             cand.append(w[r])  # a copy (fancy indexing)
-    if idx:
+    if idx and gauss._gk is not None:  # NumPy only: no torch intra-op threads while rows run in threads
+        vals = gauss.resolve_cpu(np.concatenate(cand), lambda m: read(3 * m).copy(), float(std))
+        flat.numpy()[np.concatenate(idx)] = vals  # float64 -> out's dtype, rounded to nearest
+    elif idx:
         i = torch.from_numpy(np.concatenate(idx))
         vals = gauss.resolve(torch.from_numpy(np.concatenate(cand)),
                              lambda todo: torch.from_numpy(read(3 * todo.numel()).copy()).view(-1, 3), float(std))

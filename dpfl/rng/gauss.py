@@ -118,6 +118,22 @@ def resolve(cand: torch.Tensor, extra: Callable[[torch.Tensor], torch.Tensor], s
     return out
 
 
+def resolve_cpu(cand: np.ndarray, extra: Callable[[int], np.ndarray], std: float) -> np.ndarray:
+    """`resolve` on the CPU with the C kernel, in NumPy (no torch op: nothing for torch's intra-op
+    threads to spin on while other rows are drawn in other threads). extra(m): the next 3m words."""
+    wt, kt, fx = (t.numpy() for t in tables("cpu"))
+    out = np.empty(cand.size)
+    todo, c = np.arange(cand.size), cand
+    while todo.size:
+        m = todo.size
+        val, nc, done = np.empty(m), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.uint8)
+        _gk.slow_pass(c, np.ascontiguousarray(extra(m)), float(std), wt, kt, fx, val, nc, done)
+        d = done.view(np.bool_)
+        out[todo[d]] = val[d]
+        todo, c = todo[~d], nc[~d]
+    return out
+
+
 def _pass_c(c: torch.Tensor, e: torch.Tensor, std: float):
     wt, kt, fx = tables("cpu")
     m = c.numel()
