@@ -43,7 +43,7 @@ from torch import nn
 from torch.func import functional_call
 
 from dpfl.config import apply_overrides
-from dpfl.dpsgd.central import DPSGDConfig
+from dpfl.dpsgd.central import DPSGDConfig, plan_for
 from dpfl.errors import ConfigError
 
 CANARY_GRADIENT = 10.0  # a gradient canary's raw gradient norm, in units of the clip bound C
@@ -161,7 +161,7 @@ def _run(cfg: CentralConfig, canaries: int, observe: str, out_dir: str | Path | 
          overwrite: bool) -> dict[str, Any]:
     from dpfl.data import load_dataset
     from dpfl.dpsgd.ghost import path_for
-    from dpfl.dpsgd.train import DPPlan, make_private_with_epsilon, steps_for, train
+    from dpfl.dpsgd.train import train
     from dpfl.models import build_model, count_params
     from dpfl.rng import Seeds
 
@@ -174,13 +174,8 @@ def _run(cfg: CentralConfig, canaries: int, observe: str, out_dir: str | Path | 
     if ds.task != "multiclass":
         raise ConfigError(f"a central DP-SGD audit mislabels canaries of a multiclass task; {ds.name} is {ds.task}")
     n = ds.n_train
-    if not 0 < c.lot_size <= n:
-        raise ConfigError(f"lot_size must be in [1, {n}] (training examples), got {c.lot_size}")
-    q = c.lot_size / n
-    if c.target_epsilon is not None:
-        plan = make_private_with_epsilon(c.target_epsilon, c.delta, q, c.epochs, c.accountant)
-    else:
-        plan = DPPlan(c.noise_multiplier, q, steps_for(c.epochs, q))
+    plan = plan_for(c, n)
+    q = plan.sample_rate
     m, classes, seeds = int(canaries), int(ds.num_classes), Seeds(c.seed)
     cx, cy = _input_canaries(ds.x_test, ds.y_test, m, classes, seeds.numpy("audit", "records"))
     inc_input = seeds.numpy("audit", "include", "inputs").random(m) < 0.5

@@ -51,18 +51,23 @@ def config_from(**kw) -> DPSGDConfig:
         raise ConfigError(f"invalid DP-SGD config: {e}") from None
 
 
+def plan_for(cfg: DPSGDConfig, n: int) -> DPPlan:
+    """σ, q and the steps of `cfg` on n training examples (σ calibrated when a target ε is given)."""
+    if not 0 < cfg.lot_size <= n:
+        raise ConfigError(f"lot_size must be in [1, {n}] (training examples), got {cfg.lot_size}")
+    q = cfg.lot_size / n
+    if cfg.target_epsilon is not None:
+        return make_private_with_epsilon(cfg.target_epsilon, cfg.delta, q, cfg.epochs, cfg.accountant)
+    return DPPlan(cfg.noise_multiplier, q, steps_for(cfg.epochs, q))
+
+
 def run_central(cfg: DPSGDConfig) -> dict:
     """Load data and model, calibrate σ if a target ε is given, train, report."""
     ds = load_dataset(cfg.dataset, seed=cfg.seed, n_train=cfg.n_train, n_test=cfg.n_test)
     model = build_model(cfg.model, seed=cfg.seed, **cfg.model_options)
     n = ds.n_train
-    if not 0 < cfg.lot_size <= n:
-        raise ConfigError(f"lot_size must be in [1, {n}] (training examples), got {cfg.lot_size}")
-    q = cfg.lot_size / n
-    if cfg.target_epsilon is not None:
-        plan = make_private_with_epsilon(cfg.target_epsilon, cfg.delta, q, cfg.epochs, cfg.accountant)
-    else:
-        plan = DPPlan(cfg.noise_multiplier, q, steps_for(cfg.epochs, q))
+    plan = plan_for(cfg, n)
+    q = plan.sample_rate
     t0 = time.perf_counter()
     res = train(
         model,

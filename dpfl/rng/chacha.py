@@ -79,30 +79,27 @@ def words64_at(keys: torch.Tensor, key_idx: torch.Tensor, pos: torch.Tensor) -> 
     return to_words64(b.gather(1, lane).squeeze(1), b.gather(1, lane + 1).squeeze(1))
 
 
-def words64_rows(keys: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
-    """[k, n]: n consecutive 64-bit words of each key's stream from word start[r] (int64)."""
+def _rows(keys: torch.Tensor, start: torch.Tensor, n: int, per_block: int) -> torch.Tensor:
+    """[k, n] consecutive keystream words of each key from word start[r], a block holding
+    `per_block` words (8 of 64 bits, or 16 of 32 bits): int64 64-bit words or 32-bit values."""
     k = keys.shape[0]
     if n == 0:
         return torch.empty(k, 0, dtype=torch.int64, device=keys.device)
-    first = start >> 3
-    nb = int(((start + n - 1) >> 3).max() - first.min()) + 1
+    first = start // per_block
+    nb = int(((start + n - 1) // per_block).max() - first.min()) + 1
     rows = torch.arange(k, device=keys.device).repeat_interleave(nb)
     ctr = (first.unsqueeze(1) + torch.arange(nb, device=keys.device)).reshape(-1)
-    b = blocks(keys, rows, ctr).view(k, nb * 8, 2)
-    w = to_words64(b[..., 0], b[..., 1])
-    off = (start - (first << 3)).unsqueeze(1) + torch.arange(n, device=keys.device)
-    return w.gather(1, off)
+    b = blocks(keys, rows, ctr)
+    w = to_words64(b[:, 0::2], b[:, 1::2]) if per_block == 8 else b
+    off = (start - first * per_block).unsqueeze(1) + torch.arange(n, device=keys.device)
+    return w.reshape(k, nb * per_block).gather(1, off)
+
+
+def words64_rows(keys: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
+    """[k, n]: n consecutive 64-bit words of each key's stream from word start[r] (int64)."""
+    return _rows(keys, start, n, 8)
 
 
 def words32_rows(keys: torch.Tensor, start: torch.Tensor, n: int) -> torch.Tensor:
     """[k, n]: n consecutive 32-bit keystream words (int64 in [0, 2^32)) of each key from word start[r]."""
-    k = keys.shape[0]
-    if n == 0:
-        return torch.empty(k, 0, dtype=torch.int64, device=keys.device)
-    first = start >> 4
-    nb = int(((start + n - 1) >> 4).max() - first.min()) + 1
-    rows = torch.arange(k, device=keys.device).repeat_interleave(nb)
-    ctr = (first.unsqueeze(1) + torch.arange(nb, device=keys.device)).reshape(-1)
-    w = blocks(keys, rows, ctr).view(k, nb * 16)
-    off = (start - (first << 4)).unsqueeze(1) + torch.arange(n, device=keys.device)
-    return w.gather(1, off)
+    return _rows(keys, start, n, 16)

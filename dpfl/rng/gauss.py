@@ -107,10 +107,7 @@ def resolve(cand: torch.Tensor, extra: Callable[[torch.Tensor], torch.Tensor], s
     c = cand
     while todo.numel():
         e = extra(todo)  # [m, 3]
-        if _gk is not None and c.device.type == "cpu":
-            done, val, nc = _pass_c(c, e, std)
-        else:
-            done, val, nc = _pass(c, e, std)
+        done, val, nc = _pass(c, e, std)
         fin = done.nonzero().view(-1)
         out.index_copy_(0, todo.index_select(0, fin), val.index_select(0, fin))
         left = (~done).nonzero().view(-1)
@@ -121,26 +118,27 @@ def resolve(cand: torch.Tensor, extra: Callable[[torch.Tensor], torch.Tensor], s
 def resolve_cpu(cand: np.ndarray, extra: Callable[[int], np.ndarray], std: float) -> np.ndarray:
     """`resolve` on the CPU with the C kernel, in NumPy (no torch op: nothing for torch's intra-op
     threads to spin on while other rows are drawn in other threads). extra(m): the next 3m words."""
-    wt, kt, fx = (t.numpy() for t in tables("cpu"))
     out = np.empty(cand.size)
     todo, c = np.arange(cand.size), cand
     while todo.size:
-        m = todo.size
-        val, nc, done = np.empty(m), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.uint8)
-        _gk.slow_pass(c, np.ascontiguousarray(extra(m)), float(std), wt, kt, fx, val, nc, done)
-        d = done.view(np.bool_)
+        d, val, nc = _slow_pass(c, np.ascontiguousarray(extra(todo.size)), std)
         out[todo[d]] = val[d]
         todo, c = todo[~d], nc[~d]
     return out
 
 
-def _pass_c(c: torch.Tensor, e: torch.Tensor, std: float):
-    wt, kt, fx = tables("cpu")
-    m = c.numel()
+def _slow_pass(c: np.ndarray, e: np.ndarray, std: float):
+    """`_pass` by the C kernel on NumPy arrays: (done, value, next candidate)."""
+    wt, kt, fx = (t.numpy() for t in tables("cpu"))
+    m = c.size
     val, nc, done = np.empty(m), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.uint8)
-    _gk.slow_pass(c.contiguous().numpy(), e.contiguous().numpy(), float(std), wt.numpy(), kt.numpy(), fx.numpy(),
-                  val, nc, done)
-    return torch.from_numpy(done.view(np.bool_)), torch.from_numpy(val), torch.from_numpy(nc)
+    _gk.slow_pass(c, e, float(std), wt, kt, fx, val, nc, done)
+    return done.view(np.bool_), val, nc
+
+
+def _pass_c(c: torch.Tensor, e: torch.Tensor, std: float):
+    """`_slow_pass` on tensors (the C kernel against the torch `_pass`, in tests)."""
+    return tuple(torch.from_numpy(x) for x in _slow_pass(c.contiguous().numpy(), e.contiguous().numpy(), std))
 
 
 def _pass(c: torch.Tensor, e: torch.Tensor, std: float):

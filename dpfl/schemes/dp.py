@@ -447,6 +447,12 @@ class GaussianNoiseStep(_NoiseStep):
         return f"{out[:-1]}, joint: update σ_Δ={self.update_sigma:.6g}, count σ_b={self.count_sigma:.6g})"
 
 
+def _check_int32(largest: int, xi: float) -> None:
+    """Integer share rows are int32 (half the memory of int64): checked, never wrapped."""
+    if largest > np.iinfo(np.int32).max:
+        raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")
+
+
 class DiscreteGaussianShareStep(_NoiseStep):
     """FL-SIGN-DP noise on integer rows μ = sign(Δw) ∈ {±1}ⁿ (sensitivity √n).
 
@@ -483,8 +489,7 @@ class DiscreteGaussianShareStep(_NoiseStep):
                 z = discrete_gaussian_rows(u.detach()[sel], xi, [ctx.seeds.crypto("round", ctx.round, "dp-share",
                                                                                   int(ctx.cohort[i]))
                                                                   for i in rows[s : s + step]])
-                if z.numel() and int(z.abs().max()) > np.iinfo(np.int32).max:
-                    raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")
+                _check_int32(int(z.abs().max()) if z.numel() else 0, xi)
                 out_t[sel] = z.to(torch.int32)
         else:
             out = mu.astype(np.int32)  # int32 rows: half the memory of int64 (checked, never wrapped)
@@ -492,8 +497,7 @@ class DiscreteGaussianShareStep(_NoiseStep):
                 if not skip[i]:
                     z = discrete_gaussian(mu[i], xi,  # integer mean of any width: added in int64
                                           ctx.seeds.crypto("round", ctx.round, "dp-share", int(c)))
-                    if z.size and max(-int(z.min()), int(z.max())) > np.iinfo(np.int32).max:
-                        raise ConfigError(f"discrete Gaussian share (std {xi:.4g}) does not fit int32 rows")
+                    _check_int32(max(-int(z.min()), int(z.max())) if z.size else 0, xi)
                     out[i] = z
             out_t = torch.from_numpy(out)
         if self.noise == "local":
