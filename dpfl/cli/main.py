@@ -450,7 +450,15 @@ def bench_noise(
     """DP noise: Gaussians per second (one core, all cores, a device) beside the keystream, torch.randn,
     NumPy and the sampler before; and the noise share of setting-D DP rounds."""
     from dpfl.bench.noise import run_bench
+    from dpfl.errors import ConfigError
 
+    if device is not None:
+        import torch
+
+        if device != "cuda" and not device.startswith("cuda:"):
+            _fail(ConfigError(f"--device must be 'cuda' or 'cuda:N' (the CPU is always measured), got {device!r}"))
+        if not torch.cuda.is_available():
+            _fail(ConfigError(f"--device {device}: torch sees no CUDA device here"))
     res = run_bench(n=values, device=device, rounds=rounds, with_rounds=not skip_rounds, console=console)
     if json_out:
         console.print_json(json.dumps(res))

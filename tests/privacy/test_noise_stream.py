@@ -222,3 +222,15 @@ def test_discrete_gaussian_rows_in_tensor_ops_equal_the_cpu_sampler(sigma):
     if sigma > 100:
         w = torch.from_numpy(Seeds(1).crypto("dg", 0).uint32(200_000).astype(np.int64))
         assert int(_gaussian_table(sigma).lookup(w, torch)[1].sum()) > 0
+
+
+def test_bench_noise_refuses_a_device_it_cannot_use_in_one_line():
+    from typer.testing import CliRunner
+
+    from dpfl.cli.main import app
+
+    r = CliRunner().invoke(app, ["bench", "noise", "--device", "nosuch", "--no-rounds"])
+    assert r.exit_code != 0 and "--device must be 'cuda' or 'cuda:N'" in r.output and "Traceback" not in r.output
+    if not CUDA:
+        r = CliRunner().invoke(app, ["bench", "noise", "--device", "cuda", "--no-rounds"])
+        assert r.exit_code != 0 and "torch sees no CUDA device" in r.output
