@@ -6,7 +6,8 @@ prose around them is hand-written. NAME is `headline` in README.md and a table i
 docs/RESULTS.md; a table's block holds every record of it, its `--accountant` variants included
 (`records/table-5.1-pld/...`). `check` regenerates the text and reports the blocks that differ from
 the files, writing nothing (the test suite runs it, so no number in those blocks can drift from the
-records).
+records). Beside the literal reading, every table has a generated column for the best faithful reading of a
+row that misses, read from records/best (`dpfl.experiments.best`), and the scoreboard counts both.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from dpfl.errors import ConfigError
+from dpfl.experiments.best import BEST
 
 if TYPE_CHECKING:
     from dpfl.config import RunConfig
@@ -86,7 +88,7 @@ def record_tables(records: Path) -> dict[str, list[str | None]]:
     known = list_tables()
     out: dict[str, list[str | None]] = {}
     for d in sorted(p for p in Path(records).iterdir() if p.is_dir()):
-        if d.name in CONFIG_RUNS or not any(d.glob("*/metrics.jsonl")):
+        if d.name in CONFIG_RUNS or d.name == BEST or not any(d.glob("*/metrics.jsonl")):
             continue
         acct = next((a for a in ACCOUNTANTS if d.name.endswith(f"-{a}") and d.name[: -len(a) - 1] in known), None)
         table = d.name[: -len(acct) - 1] if acct else d.name
@@ -365,6 +367,74 @@ def _formula_cell(e: dict, unit: str) -> str:
     return f"{_cost(at_b / UNITS[unit], unit)} at b = {b} bits; {_cost(at_32 / UNITS[unit], unit)} at 32 bits"
 
 
+# ---- the best faithful reading beside the literal one (records/best, dpfl.experiments.best) ------------------
+
+BEST_COLUMN = "best faithful reading: best accuracy (round), Δ; the one setting changed"
+
+
+def _miss(e: dict) -> bool:
+    """More than 0.03 below the thesis (a full-length row on the thesis's dataset)."""
+    return e.get("delta") is not None and e["delta"] < -WITHIN
+
+
+def best_entries(records: Path, table: str, thesis: dict) -> dict[str, dict]:
+    """row -> the `compare_rows` dict of its best-reading run under records/best (finished or not), with its
+    metrics, summary and Reading."""
+    from dpfl.experiments.best import best_runs
+    from dpfl.experiments.reproduce import compare_rows
+
+    runs = list(best_runs(records, table).values())
+    return {r["row"]: {**cmp, "metrics": r["metrics"], "summary": r["summary"], "reading": r["reading"]}
+            for r, cmp in zip(runs, compare_rows(thesis, runs))}
+
+
+def _owner(e: dict) -> tuple[str, str]:
+    """(table, row) whose record a literal entry reads: itself, or the row its `same_run` names."""
+    d = Path(e["dir"])
+    return d.parent.name, d.name
+
+
+def _best_state(records: Path, e: dict, best: dict[str, dict]) -> tuple[str, dict | None]:
+    """Where a literal row stands in the best-reading column: "literal" (it does not miss: the literal reading
+    stands), "run" (a full-length best-reading run, the dict), "not run" (a reading is named, no full-length run
+    yet), "none" (readings.toml says why no reading is run: the literal stands) or "unchosen" (no reading named)."""
+    from dpfl.experiments.best import load_readings
+
+    b = best.get(e["row"])
+    if b is not None and b["complete"]:
+        return "run", b
+    if not _miss(e):
+        return "literal", b
+    reading = load_readings(records).get(_owner(e))
+    if reading is None:
+        return "unchosen", b
+    return ("none" if reading.set is None else "not run"), b
+
+
+def _best_text(b: dict) -> str:
+    acc = f"diverged ({_divergence(b)})" if b.get("diverged") else f"{b['measured']:.4f} ({b['round']})"
+    return acc + (f", Δ {_delta(b)}" if b["complete"] else f", {_rounds(b)}")
+
+
+def _best_cell(records: Path, table: str, e: dict, best: dict[str, dict], rel: str) -> str:
+    if e["acct"] is not None:
+        return "—"
+    state, b = _best_state(records, e, best)
+    if state == "literal" and b is None:
+        return "—"
+    if state == "unchosen":
+        return "no reading chosen yet"
+    if state == "none":
+        return "none run (the literal reading stands)"
+    if b is None:
+        from dpfl.experiments.best import load_readings
+
+        return f"not run (`{load_readings(records)[_owner(e)].set}`)"
+    d = Path(b["dir"])
+    text = f"[{_best_text(b)}]({rel}/{BEST}/{d.parent.name}/{d.name}); `{b['reading'].set}`"
+    return text if state == "run" else f"not run to full length: {text}"
+
+
 def table_block(records: Path, table: str, variants: list[str | None], rel: str, figure: str | None) -> str:
     thesis, entries, missing = table_entries(records, table, variants)
     meta = thesis.get("_table", {})
@@ -372,7 +442,9 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
     dp = any(e["epsilon"] is not None for e in entries)
     extras = [k for k in EXTRA_LABELS if any(e.get(k) is not None for e in entries)]
     shared = shared_runs(records)
-    head = ["row", "rounds", "best accuracy (round)", "thesis (round)", "Δ", "upstream / client", "downstream / client"]
+    best_of = best_entries(records, table, thesis)
+    head = ["row", "rounds", "best accuracy (round)", "thesis (round)", "Δ", BEST_COLUMN, "upstream / client",
+            "downstream / client"]
     if dp:
         head += ["cost formula up / client: at the masked width b; at 32 bits", "accountant, σ", "ε at that round",
                  "sampling"]
@@ -385,6 +457,10 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
     if any(e.get("diverged") for e in entries):
         intro += ("; diverged: the evaluation loss is NaN at the best round (from the round named on), so no "
                   "accuracy (the constant output's) and no Δ")
+    intro += ("; best faithful reading: for a row more than 0.03 below the thesis, the full-length run of the row "
+              "with the one setting named changed, as a reading of the thesis allows (why: \"Best faithful "
+              "readings\" below the scoreboard), or \"not run\" while it has no full-length run; — where the row "
+              "does not miss")
     if dp:
         intro += ("; cost formula: the thesis's (values sent × bits, per client of the population) at the width b "
                   "of the masked integers the row sent (the record's `formula_up_bytes_per_client`) and at 32 bits "
@@ -403,7 +479,8 @@ def table_block(records: Path, table: str, variants: list[str | None], rel: str,
         elif e["metric"] != "accuracy":
             best += f" {e['metric']}"
         cells = [label, _rounds(e), best,
-                 _thesis_acc(e), _delta(e), _with_thesis(_cost(e["up"], unit), _cost(e["thesis_up"], unit)),
+                 _thesis_acc(e), _delta(e), _best_cell(records, table, e, best_of, rel),
+                 _with_thesis(_cost(e["up"], unit), _cost(e["thesis_up"], unit)),
                  _with_thesis(_cost(e["down"], unit), _cost(e["thesis_down"], unit))]
         if dp:
             private = e["epsilon"] is not None
@@ -487,25 +564,32 @@ SCORED = ("table-4.1", "table-4.2", "table-4.4", "table-5.1", "table-5.3", "tabl
           "table-6.3-fmnist", "table-6.10", "table-6.12")
 
 
-def scoreboard_block(records: Path) -> str:
+def scoreboard_block(records: Path, scored: tuple[str, ...] = SCORED) -> str:
     """Per thesis table: its rows, those with a full-length record, how many of those are within ±0.03 of
-    the thesis, above it, or more than 0.03 below; and, for DP tables, the mean accuracy gain of the
-    rows' tighter-accountant records over the same rows as configured (moments σ): `-pld`, or `-rdp`
-    where a row has no `-pld` record (FL-SIGN-DP refuses PLD)."""
+    the thesis, above it, or more than 0.03 below, in two columns: the literal reading (the rows as configured)
+    and the best faithful reading (a miss's full-length best-reading run where it has one; the literal row
+    where it does not miss or where no reading is run; misses whose reading has no full-length run yet, or
+    that have no reading named, counted apart); and, for DP tables, the mean accuracy gain of the rows'
+    tighter-accountant records over the same rows as configured (moments σ): `-pld`, or `-rdp` where a row
+    has no `-pld` record (FL-SIGN-DP refuses PLD)."""
     from dpfl.experiments.reproduce import table_rows
 
-    head = ["table", "rows", "full-length record", "within ±0.03", "above thesis", "more than 0.03 below",
-            "diverged (loss NaN: no accuracy, no Δ)", "no Δ (no thesis number or other dataset)",
-            "PLD/RDP-σ record (within ±0.03, above)", "PLD/RDP σ − moments σ (rows, mean)"]
+    head = ["table", "rows", "full-length record", "diverged (loss NaN: no accuracy, no Δ)",
+            "no Δ (no thesis number or other dataset)", "literal: within ±0.03", "literal: above thesis",
+            "literal: more than 0.03 below", "best reading: within ±0.03", "best reading: above thesis",
+            "best reading: more than 0.03 below", "best reading: not run (no full-length run yet)",
+            "best reading: none chosen yet", "PLD/RDP-σ record (within ±0.03, above)",
+            "PLD/RDP σ − moments σ (rows, mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tables = record_tables(records)
     shared = shared_runs(records)
     pairs = {}  # (moments record, twin record) -> gain: a same_run row shares both with the table it names
     one_run, one_config, diverged, at_line, best = [], {}, [], [], {}
-    for table in SCORED:
+    totals = {"rows": 0, "literal below": 0, "best below": 0, "not run": 0, "unchosen": 0}
+    for table in scored:
         rows = table_rows(table)[1]
         variants = tables.get(table, [])
-        _, entries, _ = table_entries(records, table, variants) if variants else ({}, [], [])
+        thesis, entries, _ = table_entries(records, table, variants) if variants else ({}, [], [])
         for e in entries:
             own = (_dir_name(table, e["acct"]), e["row"])
             best[own] = e["measured"]
@@ -523,6 +607,24 @@ def scoreboard_block(records: Path) -> str:
         base = {e["row"]: e for e in entries if e["acct"] is None and e["complete"]}
         deltas = [e["delta"] for e in base.values() if e["delta"] is not None]
         n_div = sum(bool(e.get("diverged")) for e in base.values())
+        best_of = best_entries(records, table, thesis) if variants else {}
+        best_d, not_run, unchosen = [], 0, 0  # the best-reading column: each row with a literal Δ once
+        for e in base.values():
+            if e["delta"] is None:
+                continue
+            state, b = _best_state(records, e, best_of)
+            if state == "run":
+                best_d.append(b["delta"] if b["delta"] is not None else -math.inf)  # a diverged run: a miss
+            elif state in ("literal", "none"):
+                best_d.append(e["delta"])
+            else:
+                not_run += state == "not run"
+                unchosen += state == "unchosen"
+        totals["rows"] += len(deltas)
+        totals["literal below"] += sum(d < -WITHIN for d in deltas)
+        totals["best below"] += sum(d < -WITHIN for d in best_d)
+        totals["not run"] += not_run
+        totals["unchosen"] += unchosen
         pld = {e["row"]: e for e in entries if e["acct"] == "rdp" and e["complete"]}
         pld.update({e["row"]: e for e in entries if e["acct"] == "pld" and e["complete"]})  # PLD first
         both = [r for r in pld if r in base and None not in (pld[r]["measured"], base[r]["measured"])]
@@ -531,9 +633,20 @@ def scoreboard_block(records: Path) -> str:
         gain = f"{len(gains)}, {sum(gains) / len(gains):+.4f}" if gains else "—"
         pld_d = [e["delta"] for e in pld.values() if e["delta"] is not None]
         pld_text = f"{len(pld)} ({sum(abs(d) <= 0.03 for d in pld_d)}, {sum(d > 0 for d in pld_d)})" if pld else "—"
-        lines.append(f"| {table} | {len(rows)} | {len(base)} | {sum(abs(d) <= WITHIN for d in deltas)} | "
-                     f"{sum(d > 0 for d in deltas)} | {sum(d < -WITHIN for d in deltas)} | {n_div} | "
-                     f"{len(base) - len(deltas) - n_div} | {pld_text} | {gain} |")
+        lines.append(f"| {table} | {len(rows)} | {len(base)} | {n_div} | {len(base) - len(deltas) - n_div} | "
+                     f"{sum(abs(d) <= WITHIN for d in deltas)} | {sum(d > 0 for d in deltas)} | "
+                     f"{sum(d < -WITHIN for d in deltas)} | {sum(abs(d) <= WITHIN for d in best_d)} | "
+                     f"{sum(d > 0 for d in best_d)} | {sum(d < -WITHIN for d in best_d)} | {not_run} | {unchosen} | "
+                     f"{pld_text} | {gain} |")
+    n = totals["rows"]
+    if n:
+        lit_ok = n - totals["literal below"]
+        best_ok = n - totals["best below"] - totals["not run"] - totals["unchosen"]
+        lines += ["", (f"All tables, {n} rows with a Δ (a row two tables share counted in each): within ±0.03 of the "
+                       f"thesis or above it, {lit_ok} ({lit_ok / n:.0%}) in the literal reading and {best_ok} "
+                       f"({best_ok / n:.0%}) in the best faithful reading, where {totals['best below']} are more "
+                       f"than 0.03 below, {totals['not run']} not run yet and {totals['unchosen']} have no reading "
+                       "chosen yet.")]
     if pairs:
         mean = sum(pairs.values()) / len(pairs)
         lines += ["", (f"PLD/RDP σ − moments σ over all {len(pairs)} distinct pairs of runs (a run two tables share "
@@ -557,6 +670,52 @@ def scoreboard_block(records: Path) -> str:
     if at_line:
         notes.append("Δ within one test image of the ±0.03 line (‡ in the tables): " + "; ".join(at_line) + ".")
     return "\n\n".join(["\n".join(lines), *notes])
+
+
+def best_readings_block(records: Path, rel: str, rel_probes: str, scored: tuple[str, ...] = SCORED) -> str:
+    """Every row more than 0.03 below the thesis, and every row records/best/readings.toml names: its literal Δ,
+    the one setting its best faithful reading changes, why the thesis allows it, the probe it was chosen on, and
+    the full-length run's result, or the command that runs it."""
+    from dpfl.experiments.best import command, load_readings
+
+    readings = load_readings(records)
+    tables = record_tables(records)
+    head = ["row", "thesis", "literal reading: best accuracy (round), Δ", "the one setting changed",
+            "why the thesis allows it", "chosen on", "best faithful reading: best accuracy (round), Δ"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    said = None  # the reason given last: the same reason on the next row reads "as above"
+    for table in scored:
+        if not tables.get(table):
+            continue
+        thesis, entries, _ = table_entries(records, table, tables[table])
+        best_of = best_entries(records, table, thesis)
+        for e in entries:
+            reading = readings.get(_owner(e)) if e["acct"] is None else None
+            if e["acct"] is not None or not (_miss(e) or reading is not None or e["row"] in best_of):
+                continue
+            d = Path(e["dir"])
+            literal = (f"[{e['measured']:.4f} ({e['round']})]({rel}/{d.parent.name}/{d.name}), Δ {_delta(e)}"
+                       if e["measured"] is not None else _delta(e))
+            state, b = _best_state(records, e, best_of)
+            if reading is None:
+                setting, why, probe, result = "—", "—", "—", "no reading chosen yet"
+            elif reading.set is None:
+                setting, why, probe, result = "none", reading.reason, "—", "none run: the literal reading stands"
+            else:
+                setting, why = f"`{reading.set}`", "as above" if reading.reason == said else reading.reason
+                said = reading.reason
+                probe = (f"[{reading.probe}]({rel_probes}/{reading.probe})" if reading.probe
+                         else "this run (a probe run to full length)")
+                if b is None:
+                    result = f"not run: `{command(records, reading)}`"
+                else:
+                    bd = Path(b["dir"])
+                    result = f"[{_best_text(b)}]({rel}/{BEST}/{bd.parent.name}/{bd.name})"
+                    if state != "run":
+                        result = f"not run to full length ({result}); resume: `{command(records, reading)}`"
+            lines.append(f"| {table} [{e['row']}]({rel}/{d.parent.name}/{d.name}) | {_thesis_acc(e)} | {literal} | "
+                         f"{setting} | {why} | {probe} | {result} |")
+    return "\n".join(lines)
 
 
 def _thesis_text(th: dict, unit: str) -> str:
@@ -780,6 +939,7 @@ def generated(root: Path) -> dict[Path, str]:
             (root / "README.md", {"headline": lambda: headline_block(records, "records")}),
             (root / "docs" / "RESULTS.md",
              {"scoreboard": lambda: scoreboard_block(records),
+              "best-readings": lambda: best_readings_block(records, "../records", "probes"),
               **{t: (lambda t=t, v=v: table_block(records, t, v, "../records", f"figures/{t}.png"))
                  for t, v in tables.items()},
               **({"probes": lambda: probes_block(root, "probes", "../records")} if (root / PROBES).is_file()

@@ -383,7 +383,8 @@ def test_a_diverged_row_says_so_instead_of_an_accuracy_and_counts_in_no_accuracy
                          .strip("|").split("|"))))
     assert row["diverged (loss NaN: no accuracy, no Δ)"] == "5"
     assert row["no Δ (no thesis number or other dataset)"] == "4"
-    assert row["within ±0.03"] == row["above thesis"] == row["more than 0.03 below"] == "0"
+    assert row["literal: within ±0.03"] == row["literal: above thesis"] == row["literal: more than 0.03 below"] == "0"
+    assert row["best reading: within ±0.03"] == row["best reading: more than 0.03 below"] == "0"
     note = next(ln for ln in board if ln.startswith("Diverged"))
     assert "table-6.3-fmnist fl-std-10 (loss NaN from round 1)" in note
 
