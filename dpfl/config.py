@@ -90,11 +90,25 @@ class FederationConfig(_Strict):
     fraction: float | None = Field(None, gt=0, le=1)  # C
     clients_per_round: int | None = Field(None, ge=1)  # |K| (alternative to fraction)
     dropout: float = Field(0.0, ge=0, lt=1)  # selected clients that never answer
+    # which rounds one client may take part in (dpfl.privacy.participation), what correlated noise is accounted
+    # on: "any" (no bound), "cyclic" (`groups` groups take turns), "min-separation" (rounds ≥ `separation` apart)
+    participation: Literal["any", "cyclic", "min-separation"] = "any"
+    groups: int | None = Field(None, ge=1)  # cyclic: b
+    separation: int | None = Field(None, ge=1)  # min-separation: b
 
     @model_validator(mode="after")
     def _one_of(self):
         if self.fraction is not None and self.clients_per_round is not None:
             raise ValueError("give federation.fraction or federation.clients_per_round, not both")
+        for key, schema in (("groups", "cyclic"), ("separation", "min-separation")):
+            if getattr(self, key) is None and self.participation == schema:
+                raise ValueError(f"federation.participation = {schema!r} needs federation.{key}")
+            if getattr(self, key) is not None and self.participation != schema:
+                raise ValueError(f"federation.{key} applies only to participation = {schema!r} "
+                                 f"(got {self.participation!r})")
+        if self.participation != "any" and self.sampling == "poisson":
+            raise ValueError(f"federation.participation = {self.participation!r} draws a fixed cohort within its "
+                             "schema: use federation.sampling = 'fixed'")
         return self
 
 
@@ -168,7 +182,29 @@ class RunConfig(_Strict):
         if self.federation.sampling == "poisson" and self.privacy.sampling_assumption == "without-replacement":
             raise ValueError("privacy.sampling_assumption = 'without-replacement' but federation.sampling = "
                              "'poisson' draws each client independently: use 'poisson' or leave it unset")
+        if self.privacy.sampling_assumption is not None and (
+                self.federation.participation != "any" or self.scheme.options.get("correlated") is not None):
+            raise ValueError("privacy.sampling_assumption does not apply: correlated noise and participation "
+                             "schemas are accounted on how often a client takes part, not on sampling")
+        fed = self.federation
+        if fed.participation != "any":
+            from dpfl.errors import PrivacyError
+            from dpfl.privacy.participation import check_selection
+
+            try:
+                check_selection(*self.participation(), self.data.n_clients, self.cohort_size())
+            except PrivacyError as e:
+                raise ValueError(f"federation.participation: {e}") from None
         return self
+
+    def participation(self) -> tuple[str, int]:
+        """(schema, separation b): how often one client may take part (dpfl.privacy.participation)."""
+        fed = self.federation
+        if fed.participation == "cyclic":
+            return "cyclic", fed.groups
+        if fed.participation == "min-separation":
+            return "min-separation", fed.separation
+        return "any", 1
 
     def accounted_sampling(self) -> str:
         """How epsilon accounts client selection: "poisson", "without-replacement", or "none" (a fixed

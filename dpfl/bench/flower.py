@@ -52,41 +52,52 @@ def table(res: dict[str, Any], console: Console | None = None) -> Table:
     return t
 
 
-PHASES = ("statistic", "train", "sa_train", "sa_mask", "sa_unmask", "evaluate")
+PHASES = ("statistic", "train", "sa_keys", "sa_train", "sa_consistency", "sa_unmask", "evaluate")
 
 
 def phase_split(metrics: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean seconds per round of each exchange: its wall time, and the slowest ClientApp's launch
-    (Flower: process start, Flower's imports, FAB install), import (dpfl's client module) and work
-    (the handler, lazy imports included); `flower` = wall − (launch + import + work): polling and
-    transport, Flower's too."""
+    """Mean seconds per round of each exchange, over all the rounds (an exchange some rounds lack,
+    such as the first round's key sharing, adds its share): its wall time, and the slowest
+    ClientApp's launch (Flower: process start, Flower's imports, FAB install), import (dpfl's
+    client module) and work (the handler, lazy imports included); `flower` = wall − (launch +
+    import + work): polling and transport, Flower's too; `rounds`: in how many rounds it ran."""
     out: dict[str, dict[str, float]] = {}
     for ph in PHASES:
         rows = [m for m in metrics if f"flower_{ph}_wall_seconds" in m]
         if rows:
-            mean = {part: sum(m[f"flower_{ph}_{part}_seconds"] for m in rows) / len(rows)
+            mean = {part: sum(m[f"flower_{ph}_{part}_seconds"] for m in rows) / len(metrics)
                     for part in ("wall", "launch", "import", "work")}
             mean["flower"] = max(0.0, mean["wall"] - mean["launch"] - mean["import"] - mean["work"])
+            mean["rounds"] = len(rows)
             out[ph] = mean
     return out
 
 
 def split_table(res: dict[str, Any], console: Console | None = None) -> dict[str, float]:
     """The per-phase split, and per round: Flower's fixed cost (launch + poll/transport), dpfl's
-    own (import + work), the round's wall time and its ratio to the simulator's."""
+    own (import + work), the round's wall time and its ratio to the simulator's; `steady_*`: the
+    rounds after the first (whose keys were shared with the previous round's unmasking)."""
     split = phase_split(res["metrics"])
     t = Table(title="Where a deployed round's time goes (mean s per round; slowest ClientApp of each exchange)")
-    for col in ("exchange", "wall", "Flower: launch", "Flower: poll + transport", "dpfl: import", "dpfl: work"):
+    for col in ("exchange", "rounds", "wall", "Flower: launch", "Flower: poll + transport", "dpfl: import",
+                "dpfl: work"):
         t.add_column(col, justify="right", no_wrap=True)
     for ph, v in split.items():
-        t.add_row(ph, *(f"{v[k]:.2f}" for k in ("wall", "launch", "flower", "import", "work")))
+        t.add_row(ph, str(v["rounds"]), *(f"{v[k]:.2f}" for k in ("wall", "launch", "flower", "import", "work")))
     (console or Console(width=140)).print(t)
     rounds = res["metrics"]
     wall = sum(m["round_seconds"] for m in rounds) / len(rounds)
     sim = sum(m["round_seconds"] for m in res["simulator"]) / len(res["simulator"])
+    later = rounds[1:] or rounds
+    steady = phase_split(later)
     return {"round_seconds": wall, "simulator_round_seconds": sim, "ratio": wall / sim,
             "flower_fixed_seconds": sum(v["launch"] + v["flower"] for v in split.values()),
-            "dpfl_seconds": sum(v["import"] + v["work"] for v in split.values())}
+            "dpfl_seconds": sum(v["import"] + v["work"] for v in split.values()),
+            "exchanges_per_round": sum(v["rounds"] for v in split.values()) / len(rounds),
+            "steady_round_seconds": sum(m["round_seconds"] for m in later) / len(later),
+            "steady_flower_fixed_seconds": sum(v["launch"] + v["flower"] for v in steady.values()),
+            "steady_dpfl_seconds": sum(v["import"] + v["work"] for v in steady.values()),
+            "steady_exchanges_per_round": sum(v["rounds"] for v in steady.values()) / len(later)}
 
 
 def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, evaluation: str = "both",
@@ -98,8 +109,13 @@ def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, ev
     s = split_table(res, console)
     res["split"] = s
     console.print(f"per round: {s['round_seconds']:.2f} s deployed, {s['simulator_round_seconds']:.3f} s in the "
-                  f"simulator ({s['ratio']:.0f}x); Flower's fixed cost {s['flower_fixed_seconds']:.2f} s (launches, "
-                  f"polls, transport), dpfl's own {s['dpfl_seconds']:.2f} s (imports, work)")
+                  f"simulator ({s['ratio']:.0f}x), {s['exchanges_per_round']:.2f} exchanges; Flower's fixed cost "
+                  f"{s['flower_fixed_seconds']:.2f} s (launches, polls, transport), dpfl's own {s['dpfl_seconds']:.2f} s "
+                  "(imports, work)")
+    console.print(f"rounds 2 on: {s['steady_round_seconds']:.2f} s per round, {s['steady_exchanges_per_round']:.2f} "
+                  f"exchanges; Flower's fixed cost {s['steady_flower_fixed_seconds']:.2f} s, dpfl's own "
+                  f"{s['steady_dpfl_seconds']:.2f} s; round − Flower's fixed cost = "
+                  f"{s['steady_round_seconds'] - s['steady_flower_fixed_seconds']:.2f} s")
     console.print(f"startup {res['startup_seconds']:.1f} s, run {res['run_seconds']:.1f} s, CPU of all "
                   f"components {res['cpu_seconds']:.1f} s; final models equal: {res['equal']} "
                   f"(max |Δw| = {res['max_abs_diff']:.3g}); logs: {res['logs']}")

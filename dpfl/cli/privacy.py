@@ -2,7 +2,10 @@
 
 With ``--json`` the last line printed is one JSON object holding the numbers. ``epsilon`` accounts
 Poisson sampling (rate q, add/remove neighbours) or, with ``--sampling without-replacement``, a
-fixed-size sample of ``--cohort`` of ``--population`` units (replace-one neighbours).
+fixed-size sample of ``--cohort`` of ``--population`` units (replace-one neighbours). With
+``--correlated tree | bandmf`` both account a correlated-noise mechanism over ``--steps`` rounds on a
+participation schema (``dpfl.privacy.factorization``): the sensitivity Δ, ρ = Δ²/(2σ²), the ledger's ε
+per accountant and the exact Gaussian ε of multiplier σ/Δ.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import typer
 from rich.console import Console
 
@@ -54,7 +58,8 @@ def _emit(kind: str, value_key: str, values: dict[str, float | None], params: di
 
     console = Console()
     # the parameters on a line of their own: as the table's title they wrapped to its narrow width
-    console.print(f"{kind} for " + ", ".join(f"{k} = {v:g}" if isinstance(v, float | int) else f"{k} = {v}"
+    console.print(f"{kind} for " + ", ".join(f"{k} = {str(v).lower()}" if isinstance(v, bool) else f"{k} = {v:g}"
+                                             if isinstance(v, float | int) else f"{k} = {v}"
                                              for k, v in params.items()), highlight=False)
     table = Table()
     table.add_column("accountant")
@@ -90,6 +95,53 @@ def _sampling_params(sampling: str, q: float | None, population: int | None, coh
             "population": population, "cohort": cohort}
 
 
+_CORR_HELP = ("correlated noise across the steps: tree (DP-FTRL) | bandmf; accounted on --participation, "
+              "not on sampling (no --q, --sampling, --population, --cohort)")
+
+
+def _correlated(mechanism: str, steps: int, participation: str, separation: int | None, bands: int | None,
+                restart: int | None, completion: bool, momentum: float | None, sampling_given: bool):
+    """(Δ_r² per step, params) of a correlated mechanism, the options checked in one error line."""
+    from dpfl.privacy.factorization import build
+
+    if sampling_given:
+        raise typer.BadParameter("correlated noise is accounted on --participation, not on sampling: drop --q, "
+                                 "--sampling, --population and --cohort", param_hint="--correlated")
+    wrong = [f for f, v, m in (("--bands", bands, "bandmf"), ("--workload-momentum", momentum, "bandmf"),
+                               ("--restart", restart, "tree"), ("--no-completion", None if completion else 1, "tree"))
+             if v is not None and mechanism != m]
+    if wrong:
+        raise typer.BadParameter(f"{', '.join(wrong)} do(es) not apply to --correlated {mechanism}",
+                                 param_hint="--correlated")
+    sep = 1 if participation == "any" and separation is None else separation
+    if sep is None:
+        raise typer.BadParameter(f"--participation {participation} needs --separation b (its groups or "
+                                 "minimum gap)", param_hint="--separation")
+    f, sens2, exact = _run(lambda: build(mechanism, steps, participation, sep, bands=bands, restart=restart,
+                                         completion=completion, workload_momentum=momentum))
+    params = {"correlated": mechanism, "participation": participation, "separation": sep, "steps": steps}
+    if mechanism == "bandmf":
+        params["bands"] = f.bands
+    else:
+        params.update(restart=restart or "none", completion=completion)
+    params.update(sensitivity=float(np.sqrt(sens2[-1])), sensitivity_exact=exact, neighbouring="add_remove",
+                  prefix_variance=f.workload_error() / steps)  # mean noise variance of a prefix sum, per σ²
+    return sens2, params
+
+
+_CORR = {
+    "correlated": typer.Option(None, "--correlated", help=_CORR_HELP),
+    "participation": typer.Option("any", "--participation",
+                                  help="correlated noise: any (a client in every step) | cyclic (--separation "
+                                       "groups take turns) | min-separation (a client's steps ≥ --separation apart)"),
+    "separation": typer.Option(None, "--separation", help="b: the groups (cyclic) or minimum gap (min-separation)"),
+    "bands": typer.Option(None, "--bands", help="bandmf: bands (default: --separation)"),
+    "restart": typer.Option(None, "--restart", help="tree: steps per tree (default: one tree)"),
+    "completion": typer.Option(True, "--completion/--no-completion", help="tree: completion at each restart"),
+    "momentum": typer.Option(None, "--workload-momentum", help="bandmf: optimise for server momentum β"),
+}
+
+
 @app.command()
 def epsilon(
     sigma: float = typer.Option(..., "--sigma", help="noise multiplier (std / sensitivity)"),
@@ -106,9 +158,30 @@ def epsilon(
         "rdp", "--accountant",
         help=_ACC_HELP + " (default rdp; pld is the tightest: dp-accounting's PLD algorithm, in numpy)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object as the last line"),
+    correlated: str | None = _CORR["correlated"],
+    participation: str = _CORR["participation"],
+    separation: int | None = _CORR["separation"],
+    bands: int | None = _CORR["bands"],
+    restart: int | None = _CORR["restart"],
+    completion: bool = _CORR["completion"],
+    momentum: float | None = _CORR["momentum"],
 ):
-    """epsilon after STEPS subsampled Gaussian steps (Poisson, or without replacement)."""
+    """epsilon after STEPS subsampled Gaussian steps (Poisson, or without replacement), or of a correlated
+    noise mechanism (--correlated tree | bandmf) over STEPS rounds."""
     names = _backends(accountant)
+    if correlated is not None:
+        from dpfl.privacy.composition import gaussian_zcdp, zcdp_to_dp
+        from dpfl.privacy.factorization import gaussian_epsilon, run_epsilon
+
+        sens2, params = _correlated(correlated, steps, participation, separation, bands, restart, completion,
+                                    momentum, q is not None or sampling != "poisson" or population is not None
+                                    or cohort is not None)
+        rho = _run(lambda: gaussian_zcdp(sigma, params["sensitivity"]))
+        params.update(sigma=sigma, delta=delta, rho=rho, epsilon_zcdp=_run(lambda: zcdp_to_dp(rho, delta)),
+                      epsilon_exact=_run(lambda: gaussian_epsilon(sigma / params["sensitivity"], delta)))
+        values = _run(lambda: {n: run_epsilon(sigma, sens2, delta, n) for n in names})
+        _emit("epsilon", "epsilon", values, params, as_json)
+        return
     params = _sampling_params(sampling, q, population, cohort)
     unsupported = {n: f"{n} cannot account {sampling} sampling" for n in names
                    if sampling not in SUPPORTED_SAMPLINGS[n]}
@@ -130,14 +203,36 @@ def epsilon(
 @app.command()
 def sigma(
     epsilon: float = typer.Option(..., "--epsilon", help="target epsilon (> 0)"),
-    q: float = typer.Option(..., "--q", help="sampling probability per step, in (0, 1]"),
+    q: float | None = typer.Option(None, "--q", help="sampling probability per step, in (0, 1] (not with "
+                                                     "--correlated)"),
     steps: int = typer.Option(..., "--steps", help="number of steps (rounds)"),
     delta: float = typer.Option(1e-5, "--delta", help="target delta, in (0, 1)"),
     accountant: str = typer.Option("all", "--accountant", help=_ACC_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object as the last line"),
+    correlated: str | None = _CORR["correlated"],
+    participation: str = _CORR["participation"],
+    separation: int | None = _CORR["separation"],
+    bands: int | None = _CORR["bands"],
+    restart: int | None = _CORR["restart"],
+    completion: bool = _CORR["completion"],
+    momentum: float | None = _CORR["momentum"],
 ):
-    """Smallest noise multiplier reaching EPSILON after STEPS steps."""
+    """Smallest noise multiplier reaching EPSILON after STEPS steps (of a correlated mechanism with
+    --correlated: the std of Z per unit of the clip bound, σ in ρ = Δ²/(2σ²))."""
     names = _backends(accountant)
+    if correlated is not None:
+        from dpfl.privacy.calibration import analytic_gaussian_sigma
+        from dpfl.privacy.factorization import calibrate
+
+        sens2, params = _correlated(correlated, steps, participation, separation, bands, restart, completion,
+                                    momentum, q is not None)
+        params.update(epsilon=epsilon, delta=delta, sigma_exact=_run(
+            lambda: analytic_gaussian_sigma(epsilon, delta, params["sensitivity"])))
+        values = _run(lambda: {n: calibrate(epsilon, delta, sens2, n) for n in names})
+        _emit("sigma", "sigma", values, params, as_json)
+        return
+    if q is None:
+        raise typer.BadParameter("give --q (or --correlated tree | bandmf)", param_hint="--q")
     values = _run(lambda: {n: calibrate_sigma(epsilon, delta, q, steps, n) for n in names})
     _emit("sigma", "sigma", values, {"epsilon": epsilon, "q": q, "steps": steps, "delta": delta}, as_json)
 

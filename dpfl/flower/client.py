@@ -10,14 +10,19 @@ Message types (content records in `wire`):
                        of it (its full local gradient); the server's combination of the rows
                        then comes with the training message, checked (finite float32 [n])
     train              a plain round: train, client chain, codec payload
-    train.sa_train     secure sum, phase 1: train, client chain, encode in Z_(2^b) (kept on the
-                       node); Shamir shares of the round's mask key and self-mask seed,
-                       encrypted to its neighbours
-    train.sa_mask      phase 2: the masked input y = x + masks mod 2^b
+    train.sa_keys      secure sum, phase 1 on its own (before the first round, or when the last
+                       unmask message did not carry it): Shamir shares of the round's mask key and
+                       self-mask seed, encrypted to its neighbours
+    train.sa_train     phase 2: [evaluate the model it receives, when asked: the last round's
+                       federated evaluation], train, client chain, encode in Z_(2^b), and the
+                       masked input y = x + masks mod 2^b over the neighbours in its inbox, once
+                       the round's secure-sum configuration is checked against its own config
     train.sa_consistency  signed rounds only: its signature of the survivor list (kept on the
                        node: it unmasks for that list only)
-    train.sa_unmask    the shares the server needs to remove the masks of the survivors (signed:
-                       with at least max(t, min_survivors) survivors' signatures of the list)
+    train.sa_unmask    phase 3: the shares the server needs to remove the masks of the survivors
+                       (signed: with at least max(t, min_survivors) survivors' signatures of the
+                       list); and, when it carries the next round's plan and keys, that round's
+                       phase 1. A round thus costs two exchanges (three signed), not four
     evaluate           federated evaluation: the global model on the site's held-out data (its
                        test-path file, or its part of the built-in test set), as counts
 
@@ -70,7 +75,6 @@ log = logging.getLogger("dpfl.flower")
 CONFIG_KEY = "dpfl-config"  # run config key holding the dpfl TOML text
 NODE = "dpfl_node"  # context.state: the node secret and the last round it took part in
 STATE = "dpfl_secagg"  # context.state: the current secure-sum round
-WORDS = "dpfl_words"  # context.state: this round's encoded row
 RECORD = "dpfl_record"  # context.state: local DP-SGD steps taken, per sampling rate (train.dpsgd)
 CLIENT_STATE = "dpfl_client_state"  # context.state: the scheme's per-client state (FedDyn's memory)
 
@@ -148,6 +152,7 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
     c = local_client(node_config, run_config)
     plan = wire.RoundPlan.from_record(content[wire.PLAN])
     w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
+    c.evaluated = c.evaluate(w) if wire.wants_evaluation(content) else None  # the last round's model, first
     stat = None
     if statistic_step(c.scheme) is not None:  # before anything is spent or changed on the node
         stat = torch.from_numpy(wire.read_statistic(content, c.n).copy()).to(c.device)
@@ -189,7 +194,7 @@ def train_plain(content: RecordDict, state: RecordDict, node_config: Mapping, ru
     report = c.report(ctx)
     if report:
         reply[wire.REPORT] = wire.report_record(report)
-    return reply
+    return wire.with_evaluation(reply, c.evaluated)
 
 
 def _phase_state(state: RecordDict, plan: wire.RoundPlan, expect: str) -> ConfigRecord:
@@ -247,15 +252,53 @@ def _round_key(state: RecordDict, r: int) -> bytes:
     return round_key(node["secret"], r)
 
 
+def _share(plan: wire.RoundPlan, keys_rec: ConfigRecord, state: RecordDict, node_config: Mapping,
+           run_config: Mapping) -> RecordDict:
+    """Phase 1 of round `plan.round`, before it trains: Shamir-share the round's mask key and
+    self-mask seed with the neighbours, encrypted to each. `RoundConfig` refuses a threshold of
+    half the neighbours or fewer; that the configuration is the one this node's config implies
+    (t, the graph's degree, min_survivors) is checked with the masked input, before anything
+    that the shares protect leaves the node. d and b are fixed there too."""
+    signing = _signing(state, plan, node_config, run_config)
+    if plan.cohort[plan.index] != node_config.get("partition-id"):
+        raise ProtocolError(f"round {plan.round}: the plan puts client {plan.cohort[plan.index]} at this node's "
+                            f"position, this node holds partition-id {node_config.get('partition-id')!r}")
+    k = len(plan.cohort)
+    if plan.answering != k:
+        raise ProtocolError(f"round {plan.round}: a secure sum over {k} clients must calibrate on k = {k}, the plan "
+                            f"says {plan.answering}")
+    if plan.secagg.get("d") or plan.secagg.get("bits"):
+        raise ProtocolError(f"round {plan.round}: d and b are fixed with the masked input, not when keys are shared")
+    rc = plan.round_config(*SHARE_SHAPE, None if signing is None else signing[1])
+    keys = wire.read_keys(keys_rec)
+    share = Party(rc, plan.index, _round_key(state, plan.round), None if signing is None else signing[0]).share(keys)
+    st = ConfigRecord({"round": plan.round, "digest": plan_digest(plan), "phase": "shared", "d": 0, "bits": 0})
+    for name, value in wire.keys_record(keys).items():
+        st["keys_" + name] = value
+    state[STATE] = st
+    return RecordDict({wire.SECAGG: wire.share_record(share)})
+
+
+SHARE_SHAPE = (1, 8)  # (d, b) of the RoundConfig a share is made under: sharing depends on neither
+
+
+def sa_keys(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    """A round's key sharing on its own: before the first round, and whenever the previous
+    round's unmask message did not carry it (after an aborted round, a resume, a rejoin)."""
+    return _share(wire.RoundPlan.from_record(content[wire.PLAN]), content["keys"], state, node_config, run_config)
+
+
 def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    """Phase 2: train, run the client chain, encode in Z_(2^b), and send the masked input
+    y = x + masks mod 2^b over the neighbours whose shares reached this client (the inbox)."""
     from dpfl.flower.node import check_round_config, encode_words, round_secagg
 
-    signing = _signing(state, wire.RoundPlan.from_record(content[wire.PLAN]), node_config, run_config)  # before training
+    plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    signing = _signing(state, plan, node_config, run_config)
+    st = _phase_state(state, plan, "shared")  # before anything is spent or changed on the node
+    inbox = wire.read_inbox(content["inbox"])
     c, plan, u, ctx = _train(content, state, node_config, run_config)
     k, d = plan.answering, int(u.shape[1])
-    if k != len(plan.cohort):
-        raise ProtocolError(f"round {plan.round}: a secure sum over {len(plan.cohort)} clients must calibrate on k = "
-                            f"{len(plan.cohort)}, the plan says {k}")
     if c.report(ctx):
         raise ConfigError(f"scheme {c.scheme.name!r} reports per-client values to the server, which a secure sum "
                           "would hide; use the plain transport")
@@ -263,14 +306,12 @@ def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_c
     words, bits = encode_words(sa, u, k, ctx.numpy_rng("secagg-round"), plan.index if c.node.seeded else None)
     rc = plan.round_config(d, bits, None if signing is None else signing[1])
     check_round_config(sa, rc)
-    keys = wire.read_keys(content["keys"])
-    share = Party(rc, plan.index, _round_key(state, plan.round), None if signing is None else signing[0]).share(keys)
-    st = ConfigRecord({"round": plan.round, "digest": plan_digest(plan), "phase": "shared", "d": d, "bits": bits})
-    for name, value in wire.keys_record(keys).items():
-        st["keys_" + name] = value
-    state[STATE] = st
-    state[WORDS] = ArrayRecord({"w": Array(np.ascontiguousarray(words[0]))})
-    return RecordDict({wire.SECAGG: wire.share_record(share), wire.REPLY: ConfigRecord({"d": d, "bits": bits})})
+    party = Party(rc, plan.index, round_key(state[NODE]["secret"], plan.round), None if signing is None else signing[0])
+    msg = party.masked(_stored_keys(st), inbox, words[0])
+    st["phase"], st["d"], st["bits"] = "masked", d, bits
+    st["inbox_ids"], st["inbox_ct"] = wire.inbox_record(inbox)["ids"], wire.inbox_record(inbox)["ct"]
+    reply = RecordDict({wire.SECAGG: wire.masked_record(msg), wire.REPLY: ConfigRecord({"d": d, "bits": bits})})
+    return wire.with_evaluation(reply, c.evaluated)
 
 
 def _stored_keys(st: ConfigRecord) -> dict[int, tuple[bytes, ...]]:
@@ -287,18 +328,6 @@ def _party(state: RecordDict, plan: wire.RoundPlan, signing: Signing | None) -> 
         return Party(plan.round_config(), plan.index, round_key(state[NODE]["secret"], plan.round))
     return Party(plan.round_config(signing_keys=signing[1]), plan.index, round_key(state[NODE]["secret"], plan.round),
                  signing[0])
-
-
-def sa_mask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
-    plan = wire.RoundPlan.from_record(content[wire.PLAN])
-    signing = _signing(state, plan, node_config, run_config)
-    st = _phase_state(state, plan, "shared")
-    inbox = wire.read_inbox(content["inbox"])
-    msg = _party(state, plan, signing).masked(_stored_keys(st), inbox, state[WORDS]["w"].numpy())
-    st["phase"] = "masked"
-    st["inbox_ids"], st["inbox_ct"] = wire.inbox_record(inbox)["ids"], wire.inbox_record(inbox)["ct"]
-    del state[WORDS]
-    return RecordDict({wire.SECAGG: wire.masked_record(msg)})
 
 
 def sa_consistency(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
@@ -319,14 +348,33 @@ def sa_consistency(content: RecordDict, state: RecordDict, node_config: Mapping,
 
 
 def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
-    plan = wire.RoundPlan.from_record(content[wire.PLAN])
-    signing = _signing(state, plan, node_config, run_config)
-    st = _phase_state(state, plan, "masked" if signing is None else "signed")
-    request = wire.read_request(content["request"])
-    del state[STATE]  # answer at most once, whatever happens next
-    signed = None if signing is None else frozenset(st["signed"])  # the list it signed, the only one it unmasks
-    msg = _party(state, plan, signing).unmask(_stored_keys(st), _stored_inbox(st), request, signed)
-    return RecordDict({wire.SECAGG: wire.unmask_record(msg)})
+    """Phase 3: the shares that remove the survivors' masks, once per round; and, when the
+    message carries the next round's plan and keys (`wire.NEXT_PLAN`), that round's phase 1.
+    The unmask part comes first and stands on its own: a next round it cannot join is reported in
+    the reply (`wire.NEXT_ERROR`), never at the cost of the shares."""
+    reply = RecordDict()
+    if wire.PLAN in content:
+        plan = wire.RoundPlan.from_record(content[wire.PLAN])
+        signing = _signing(state, plan, node_config, run_config)
+        st = _phase_state(state, plan, "masked" if signing is None else "signed")
+        request = wire.read_request(content["request"])
+        del state[STATE]  # answer at most once, whatever happens next
+        signed = None if signing is None else frozenset(st["signed"])  # the list it signed, the only one it unmasks
+        msg = _party(state, plan, signing).unmask(_stored_keys(st), _stored_inbox(st), request, signed)
+        reply[wire.SECAGG] = wire.unmask_record(msg)
+    if wire.NEXT_PLAN in content:
+        try:
+            nxt = _share(wire.RoundPlan.from_record(content[wire.NEXT_PLAN]), content[wire.NEXT_KEYS], state,
+                         node_config, run_config)
+        except (ProtocolError, ConfigError) as e:
+            if wire.SECAGG not in reply:
+                raise
+            reply[wire.NEXT_ERROR] = ConfigRecord({"error": f"{type(e).__name__}: {e}"})
+        else:
+            reply[wire.NEXT_SECAGG] = nxt[wire.SECAGG]
+    if not reply:
+        raise ProtocolError("an unmask message with neither a round to unmask nor a next round to join")
+    return reply
 
 
 def evaluate(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
@@ -343,8 +391,8 @@ HANDLERS: dict[str, Handler] = {
     "query": hello,
     "train.statistic": statistic,
     "train": train_plain,
+    "train.sa_keys": sa_keys,
     "train.sa_train": sa_train,
-    "train.sa_mask": sa_mask,
     "train.sa_consistency": sa_consistency,
     "train.sa_unmask": sa_unmask,
     "evaluate": evaluate,
@@ -411,9 +459,9 @@ def _sa_train(msg: Message, context: Context) -> Message:
     return _answer("train.sa_train", msg, context)
 
 
-@app.train("sa_mask")
-def _sa_mask(msg: Message, context: Context) -> Message:
-    return _answer("train.sa_mask", msg, context)
+@app.train("sa_keys")
+def _sa_keys(msg: Message, context: Context) -> Message:
+    return _answer("train.sa_keys", msg, context)
 
 
 @app.train("sa_consistency")

@@ -1,18 +1,24 @@
 """The server side of a deployed run: the scheme's round (`dpfl.schemes.round.run_round`), with
 the client work done remotely.
 
-`Coordinator` builds a `Simulation` for the model, scheme, selection, ledger and evaluation and
-drives the same round as the simulator, with `send` reaching the clients by messages:
+`Coordinator` drives a `dpfl.engine.run.Run` (model, scheme, selection, ledger, evaluation, the run
+directory), the object the simulator drives too, through the same round (`run_round`), with `send`
+reaching the clients by messages:
 
     selection (the simulator's) → run_round: privacy events and budget check
     → gather (schemes whose step needs a round statistic, FSVRG): "train.statistic" → each
             client's row → the step's combination (in run_round), sent with the training message
     → send, plain:  "train" → each client's codec payload → codec.decode → Received(rows)
-            secure: "train.sa_train" (train, encode, share keys) → "train.sa_mask"
-                    [→ "train.sa_consistency", signed rounds] → "train.sa_unmask"
-                    → `secagg.protocol.Server.finish` → Received(sum); the round's public keys were
-                    advertised in the hello, so a round costs three exchanges (four signed)
-    → the scheme's aggregator → server chain (reversed) → ledger, metrics; then w ← w + Δ, evaluation.
+            secure: ["train.sa_keys": share keys, only when the last round's unmask message did not
+                    carry them] → "train.sa_train" (train, encode, mask) [→ "train.sa_consistency",
+                    signed rounds] → "train.sa_unmask" (unmask; with round r + 1's plan and keys,
+                    each client shares that round's keys) → the sum, through `secagg.rounds.ServerRound`
+                    (the server's phases, as the simulator drives them); the round's public keys were
+                    advertised in the hello, so a round costs two exchanges (three signed)
+    → the scheme's aggregator → server chain (reversed) → ledger, metrics; then w ← w + Δ, evaluation:
+      on the server's test data at once; on the sites' held-out data (federated) with the next
+      round's training message (its metrics line is completed then), or an "evaluate" exchange
+      after the last round.
 
 It talks to clients through an `Exchange` (send one content per node, collect the replies);
 `dpfl.flower.server` gives it Flower's Grid, `dpfl.flower.loopback` an in-process one.
@@ -42,21 +48,20 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from dpfl.config import RunConfig, dump_config
-from dpfl.engine import checkpoint as ckpt
-from dpfl.engine.evaluate import evaluate
-from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY, Simulation
+from dpfl.config import RunConfig
+from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, Run
 from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
 from dpfl.flower import certs, wire
+from dpfl.flower.client import SHARE_SHAPE
 from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg, round_values
 from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, run_round
 from dpfl.secagg import keys as kx
 from dpfl.secagg.prg import default_workers
-from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, Server, keys_statement
+from dpfl.secagg.protocol import AdvertiseKeys, RoundAborted, RoundConfig, keys_statement
+from dpfl.secagg.rounds import ServerRound
 from dpfl.secagg.simulate import make_config
 
-MODEL = "model.pt"
 # where the global model is evaluated: on the server's test data (metrics accuracy, loss, ...), on
 # each site's held-out data added up (fed_accuracy, fed_loss, fed_examples, fed_sites), or both
 EVALUATION = ("server", "federated", "both")
@@ -68,6 +73,19 @@ class Reply:
     error: str | None
     up_nbytes: int  # serialized size of the reply
     down_nbytes: int  # serialized size of the message the server sent
+
+
+@dataclass
+class Prepared:
+    """A secure round whose keys were shared ahead of its training (phase 1 done)."""
+
+    round: int
+    cohort: np.ndarray
+    node_at: dict[int, int]  # position → node
+    sec: dict[str, Any]  # the plan's secure-sum configuration (d = b = 0 until the masked inputs)
+    rnd: ServerRound
+    n_selected: int
+    inbox: dict[int, dict[int, bytes]] | None = None
 
 
 Exchange = Callable[..., dict[int, Reply]]
@@ -94,16 +112,16 @@ class Coordinator:
         self.reproducible = reproducible
         self.out = Path(out_dir) if out_dir else None
         if resume:
-            self.sim = self._resumed(cfg, log)
+            self.state = self._resumed(cfg, log)
         else:
             if self.out and (self.out / CHECKPOINT).exists():
                 raise ConfigError(f"{self.out} already holds a deployed run with a checkpoint; resume it (run config "
                                   "resume = true, `dpfl flower local --resume`) or choose another out-dir")
-            self.sim = Simulation(cfg, None, log)
+            self.state = Run(cfg, self.out, log)
         if not reproducible:  # selection, server-side ties and central noise from the OS
-            self.sim.seeds = OsSeeds()
-        self.sim.setup()
-        self.scheme = self.sim.scheme
+            self.state.seeds = OsSeeds()
+        self.state.setup()
+        self.scheme = self.state.scheme
         if self.scheme.transport.drop_after_masking:
             log("note: drop_after_masking simulates failures; over Flower only real failures happen")
         self.nodes = list(nodes)
@@ -119,20 +137,26 @@ class Coordinator:
         self.erred: set[int] = set()  # nodes that answered some message of the last round with an error
         self.answered: set[int] = set()  # clients whose replies were taken in the last phase the round reached
         self.aborted = 0
+        self.prepared: Prepared | None = None  # the next secure round, its keys shared with this one's unmasking
+        self.selected: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.awaiting: dict[str, Any] | None = None  # a round's metrics awaiting its federated evaluation
+        self.evaluations: dict[int, dict[str, Any]] = {}  # node → its counts for the awaited round
+        self.rejoined: set[int] = set()  # clients greeted again before this round
+        self.done: list[dict[str, Any]] = []  # the earlier round whose metrics this round completed
 
-    def _resumed(self, cfg: RunConfig, log: Callable[[str], None]) -> Simulation:
+    def _resumed(self, cfg: RunConfig, log: Callable[[str], None]) -> Run:
         """The run in `out_dir`, restored from its checkpoint (model, scheme state, privacy ledger)."""
         if self.out is None:
             raise ConfigError("resume needs the run's out-dir (run config out-dir)")
         if not (self.out / CHECKPOINT).is_file():
             raise ConfigError(f"{self.out} holds no {CHECKPOINT} to resume from")
-        sim = Simulation.resume(self.out, log)
-        if sim.cfg.model_dump() != cfg.model_dump():
+        st = Run.resume(self.out, log)
+        if st.cfg.model_dump() != cfg.model_dump():
             raise ConfigError(f"the run config differs from the one {self.out} was started with ({CONFIG}); "
                               "a resume continues the same run")
-        log(f"resuming {self.out} after round {sim.round}"
-            + ("" if sim.ledger is None else f", ε so far {sim.ledger.epsilon(cfg.privacy.delta):.4g}"))
-        return sim
+        log(f"resuming {self.out} after round {st.round}"
+            + ("" if st.ledger is None else f", ε so far {st.ledger.epsilon(cfg.privacy.delta):.4g}"))
+        return st
 
     # ---- setup ----------------------------------------------------------------------
     def hello(self) -> None:
@@ -250,37 +274,31 @@ class Coordinator:
         return back
 
     # ---- one round ------------------------------------------------------------------
-    def context(self, r: int, cohort: np.ndarray, n_selected: int) -> RoundContext:
-        sim = self.sim
-        return RoundContext(round=r, n_params=sim.flat.n, cohort=cohort, n_selected=n_selected,
-                            weights=torch.from_numpy(self.sizes[cohort].astype(np.float32)).to(sim.device),
-                            seeds=sim.seeds, device=sim.device, global_params=sim.w,
-                            n_clients=self.cfg.data.n_clients, cohort_size=self.cfg.cohort_size(), ledger=sim.ledger)
-
-    def plan(self, ctx: RoundContext, cohort: np.ndarray, index: int, secagg: dict | None = None) -> ConfigRecord:
+    def plan(self, r: int, n_selected: int, cohort: np.ndarray, index: int, secagg: dict | None = None) -> ConfigRecord:
         sizes = self.sizes[cohort]
-        steps, batch = batch_plan(self.scheme, self.sim.local, sizes)
-        return wire.RoundPlan(round=ctx.round, cohort=[int(c) for c in cohort], sizes=[int(s) for s in sizes],
-                              index=index, answering=len(cohort), n_selected=ctx.n_selected, steps=steps,
+        steps, batch = batch_plan(self.scheme, self.state.local, sizes)
+        return wire.RoundPlan(round=r, cohort=[int(c) for c in cohort], sizes=[int(s) for s in sizes],
+                              index=index, answering=len(cohort), n_selected=n_selected, steps=steps,
                               batch=batch, describe=self.scheme.describe(), secagg=secagg or {},
                               values=round_values(self.scheme)).to_record()
 
     def step_round(self) -> dict[str, Any]:
-        sim, cfg = self.sim, self.cfg
-        r = sim.round + 1
+        st, cfg = self.state, self.cfg
+        r = st.round + 1
         t0 = time.perf_counter()
         back = self.rejoin(r)
-        cohort, dropped = sim.select(r)
-        ctx = self.context(r, cohort, len(cohort) + len(dropped))
+        self.rejoined = set(back)
+        cohort, dropped = self.select(r)
+        ctx = st.context(r, cohort, len(cohort) + len(dropped), self.sizes[cohort])  # sizes as the sites said
         self.bytes = {"up": 0, "down": 0}
         self.silent, self.erred, self.answered = set(), set(), set()
         self.phases: dict[str, dict[str, float]] = {}
         extra = {"flower_up_bytes": 0, "flower_down_bytes": 0}
 
         def train(ctx: RoundContext) -> None:  # the clients train on their nodes, within `send`
-            if sim.record is not None:  # the server's view: every client asked to train spent
-                q = np.minimum(1.0, sim.local.batch_size / self.sizes[ctx.cohort].astype(np.float64))
-                sim.record.add(ctx.cohort, q, sim.local.steps)  # (each client also enforces its own budget)
+            if st.record is not None:  # the server's view: every client asked to train spent
+                q = np.minimum(1.0, st.local.batch_size / self.sizes[ctx.cohort].astype(np.float64))
+                st.record.add(ctx.cohort, q, st.local.steps)  # (each client also enforces its own budget)
 
         def send(u: None, ctx: RoundContext) -> Received:
             try:
@@ -294,11 +312,10 @@ class Coordinator:
             finally:
                 extra["flower_up_bytes"], extra["flower_down_bytes"] = self.bytes["up"], self.bytes["down"]
 
-        out = run_round(self.scheme, ctx, sim.accounting(), train=train, send=send, gather=gather, totals=sim.cum,
+        out = run_round(self.scheme, ctx, st.accounting(), train=train, send=send, gather=gather, totals=st.cum,
                         n_clients=cfg.data.n_clients, sampling_rate=cfg.sampling_rate(), extra=extra)
-        m = out.metrics
+        m = st.end_round(r, out, cohort)  # the server's view: every client asked to train spent
         if out.delta is not None:
-            sim.w = sim.w + out.delta.to(sim.w.dtype)
             m["answered"] = int(out.received.count)  # over Flower: the clients whose rows are in the sum
         else:
             m["answered"] = len(self.answered)  # who answered the last phase the round reached
@@ -308,32 +325,35 @@ class Coordinator:
         m["absent"] = sorted(int(c) for c in cohort if int(c) not in self.answered)  # asked, not in the result
         if back:
             m["rejoined"] = back
-        sim.round = r
-        if sim.record is not None:
-            m.update(sim.record_metrics(cohort))
-        if r % cfg.eval.every == 0 or r == cfg.federation.rounds:
+        self.done = [d for d in [self.finish_evaluation()] if d is not None]  # the last round's, if awaited
+        if st.eval_due(r):
             if self.evaluation != "federated":
-                sim.flat.load_into(sim.model, sim.w)
-                m.update(evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task, cfg.eval.batch_size))
+                m.update(st.evaluate_global())
             if self.evaluation != "server":
-                m.update(self.federated_evaluation(r))
-            sim._update_best(m)
+                self.awaiting = m  # the sites evaluate this model with the next round's training
+            else:
+                st.update_best(m)
         for kind, split in self.phases.items():  # per exchange: wall time, and the slowest ClientApp's split
             m.update({f"flower_{kind}_{part}_seconds": round(v, 4) for part, v in split.items()})
         m["round_seconds"] = round(time.perf_counter() - t0, 4)
         return m
 
-    def federated_evaluation(self, r: int) -> dict[str, Any]:
-        """Every site evaluates the model on its held-out data; the counts add up (examples weigh)."""
-        model = wire.vector_record(self.sim.w.detach().cpu().numpy())
-        nodes = sorted(self.node_of.values())
+    def evaluation_exchange(self, r: int, nodes: list[int]) -> dict[int, dict[str, Any]]:
+        """The model after round r on the held-out data of the sites at `nodes`: their counts."""
+        model = wire.vector_record(self.state.w.detach().cpu().numpy())
         replies = self.send("evaluate", {node: RecordDict({wire.MODEL: model}) for node in nodes},
                             self.quorum(len(nodes)))
+        cid_of = {node: cid for cid, node in self.node_of.items()}
+        got = {node: self.read(r, cid_of[node], replies.get(node), wire.read_evaluation) for node in nodes}
+        return {node: g for node, g in got.items() if g is not None}
+
+    @staticmethod
+    def fed_metrics(counts: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+        """The sites' counts added up: examples weigh."""
         tot = {"n": 0, "correct": 0, "loss_sum": 0.0}
         sites = 0
-        for cid, node in sorted(self.node_of.items()):
-            got = self.read(r, cid, replies.get(node), wire.read_evaluation)
-            if got and got["n"]:
+        for got in counts.values():
+            if got["n"]:
                 sites += 1
                 for k in tot:
                     tot[k] += got[k]
@@ -394,9 +414,9 @@ class Coordinator:
     def statistic_rows(self, ctx: RoundContext) -> torch.Tensor:
         """The first exchange of a scheme that needs a round statistic: each client's row [k, n]
         (clients that do not answer, or answer malformed rows, leave the round)."""
-        cohort, n = ctx.cohort, self.sim.flat.n
-        model = wire.vector_record(self.sim.w.detach().cpu().numpy())
-        contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), wire.MODEL: model})
+        cohort, n = ctx.cohort, self.state.flat.n
+        model = wire.vector_record(self.state.w.detach().cpu().numpy())
+        contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx.round, ctx.n_selected, cohort, i), wire.MODEL: model})
                     for i, c in enumerate(cohort)}
         replies = self.send("train.statistic", contents, self.quorum(len(cohort)))
         rows = [self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
@@ -404,20 +424,22 @@ class Coordinator:
         if all(r is None for r in rows):
             raise RoundAborted(f"round {ctx.round}: no client sent its statistic row")
         self.keep(ctx, [r is not None for r in rows])
-        return torch.from_numpy(np.stack([r for r in rows if r is not None])).to(self.sim.device)
+        return torch.from_numpy(np.stack([r for r in rows if r is not None])).to(self.state.device)
 
     def models(self, ctx: RoundContext) -> dict[str, ArrayRecord]:
         """What every client of the round trains from: the model, and the round statistic if any."""
-        out = {wire.MODEL: wire.vector_record(self.sim.w.detach().cpu().numpy())}
+        out = {wire.MODEL: wire.vector_record(self.state.w.detach().cpu().numpy())}
         if ctx.statistic is not None:
             out[wire.STATISTIC] = wire.vector_record(ctx.statistic.detach().cpu().numpy())
         return out
 
     def plain(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
         models = self.models(ctx)
-        contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i), **models})
+        contents = {self.node_of[int(c)]: RecordDict({wire.PLAN: self.plan(ctx.round, ctx.n_selected, cohort, i), **models,
+                                                      **self.evaluation_part(self.node_of[int(c)])})
                     for i, c in enumerate(cohort)}
         replies = self.send("train", contents, self.quorum(len(cohort)))
+        self.take_evaluations(replies)
         codec = self.scheme.transport.codec
         payloads, dims, answered, reports = [], set(), [], []
         for c in cohort:
@@ -435,7 +457,7 @@ class Coordinator:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
         self.hand_reports(ctx, reports)
         payload, d = wire.stack_payloads(payloads), dims.pop()
-        rows = codec.decode(payload, d).to(self.sim.device)
+        rows = codec.decode(payload, d).to(self.state.device)
         return Received(rows=rows, total=rows.sum(0), count=rows.shape[0],
                         upstream_bytes=payload.per_client_nbytes(), width=d)
 
@@ -455,16 +477,17 @@ class Coordinator:
                     raise ProtocolError(f"round {ctx.round}: clients' reports do not stack: {e}") from None
                 s.server_report(stacked, ctx)
 
-    def secure(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
-        r, k = ctx.round, len(cohort)
-        transport = self.scheme.transport
-        probe = round_secagg(transport, k, self.sim.flat.n)  # graph and threshold do not depend on d
-        seed = self.sim.seeds.seed("round", r, "secagg") if self.reproducible else None
-        shape = make_config(k, 1, 8, threshold=probe.threshold, neighbours=probe.neighbours,
+    # ---- the secure sum: phase 1 of round r + 1 rides on round r's unmask message -----------
+    def prepare(self, r: int, cohort: np.ndarray, n_selected: int) -> tuple[Prepared, dict[int, dict]]:
+        """Round r's phase 1 as message parts: each cohort member's plan and its neighbours' keys
+        (advertised in the hello). d and b are 0 in the plan: the masked inputs fix them."""
+        k = len(cohort)
+        probe = round_secagg(self.scheme.transport, k, self.state.flat.n)  # graph and threshold do not depend on d
+        seed = self.state.seeds.seed("round", r, "secagg") if self.reproducible else None
+        shape = make_config(k, *SHARE_SHAPE, threshold=probe.threshold, neighbours=probe.neighbours,
                             min_survivors=max(1, k - probe.max_dropouts), rng_seed=seed, round_id=r)
-        graph = dict(shape.neighbours)
-        sec = {"bits": 0, "d": 0, "threshold": shape.threshold, "min_survivors": shape.min_survivors, "graph": graph}
-        node_at = {i: self.node_of[int(c)] for i, c in enumerate(cohort)}
+        sec = {"bits": 0, "d": 0, "threshold": shape.threshold, "min_survivors": shape.min_survivors,
+               "graph": dict(shape.neighbours)}
         signed = bool(self.signed)
         vks = {i: self.signing[int(c)][0] for i, c in enumerate(cohort)} if signed else None
         if signed:  # each member's key and binding, for every client to check against its peers file
@@ -476,25 +499,71 @@ class Coordinator:
                 adv[i] = AdvertiseKeys(i, r, *keys, self.signing[int(c)][2][r - 1] if signed else b"")
             except ProtocolError as e:
                 self.log(f"round {r}: rejected client {int(c)}: {e}")
+        ids = {i: int(c) for i, c in enumerate(cohort)} if signed else None
+        rc = RoundConfig(r, k, *SHARE_SHAPE, shape.neighbours, shape.threshold, shape.min_survivors, vks, ids)
+        rnd = ServerRound(rc, workers=default_workers(),
+                          on_reject=lambda i, why: self.log(f"round {r}: rejected client {int(cohort[i])}: {why}"))
+        neighbour_keys = rnd.keys(adv)
+        pend = Prepared(r, cohort.copy(), {i: self.node_of[int(c)] for i, c in enumerate(cohort)}, sec, rnd,
+                        n_selected)
+        parts = {i: {"plan": self.plan(r, n_selected, cohort, i, sec), "keys": wire.keys_record(neighbour_keys[i])}
+                 for i in sorted(neighbour_keys)}
+        return pend, parts
+
+    def take_shares(self, pend: Prepared, replies: dict[int, Reply], name: str = wire.SECAGG) -> Prepared:
+        """The shares of round `pend.round` that arrived: the inboxes of its masking phase."""
+        r, msgs = pend.round, {}
+        for i, node in pend.node_at.items():
+            rep = replies.get(node)
+            if rep is not None and wire.NEXT_ERROR in rep.content:
+                self.log(f"round {r}: client {int(pend.cohort[i])} cannot join: {rep.content[wire.NEXT_ERROR]['error']}")
+            msg = self.read(r, int(pend.cohort[i]), rep if rep is None or name in rep.content else None,
+                            lambda m: wire.read_share(m[name]))
+            if msg is not None:
+                msgs[i] = msg
+        pend.inbox = pend.rnd.shares(msgs)
+        return pend
+
+    def keys_exchange(self, r: int, cohort: np.ndarray, n_selected: int) -> Prepared:
+        """Round r's phase 1 in an exchange of its own (the first round; after an aborted round, a
+        resume or a rejoin)."""
+        pend, parts = self.prepare(r, cohort, n_selected)
+        need = pend.rnd.cfg.min_survivors
+        replies = self.send("train.sa_keys", {pend.node_at[i]: RecordDict(p) for i, p in parts.items()}, need)
+        self.answered = {int(cohort[i]) for i in parts if pend.node_at[i] in replies}
+        return self.take_shares(pend, replies)
+
+    def secure(self, ctx: RoundContext, cohort: np.ndarray) -> Received:
+        r, k = ctx.round, len(cohort)
+        transport = self.scheme.transport
+        pend, self.prepared = self.prepared, None
+        if pend is None:
+            pend = self.keys_exchange(r, cohort, ctx.n_selected)
+        elif pend.round != r or not np.array_equal(pend.cohort, cohort):
+            raise RuntimeError(f"round {r}: keys were shared for another cohort")  # `select` draws a round once
+        else:  # a member whose node changed since, or that was greeted again, lost what it shared: it sits out
+            for i in [i for i in pend.inbox if self.node_of.get(int(cohort[i])) != pend.node_at[i]
+                      or int(cohort[i]) in self.rejoined]:
+                del pend.inbox[i]
+        rnd, node_at, sec, signed = pend.rnd, pend.node_at, pend.sec, bool(self.signed)
+        need = rnd.cfg.min_survivors  # once this many have answered a phase, the rest get a short grace
         models = self.models(ctx)
 
         def contents(ids, extra: Callable[[int], dict]) -> dict[int, RecordDict]:
-            return {node_at[i]: RecordDict({wire.PLAN: self.plan(ctx, cohort, i, sec), **extra(i)}) for i in ids}
+            return {node_at[i]: RecordDict({wire.PLAN: self.plan(ctx.round, ctx.n_selected, cohort, i, sec), **extra(i)}) for i in ids}
 
-        # phase 1: train, encode, share keys with the neighbours (keys advertised in the hello)
-        def entry(a: AdvertiseKeys) -> tuple[bytes, ...]:
-            return (a.enc_pk, a.mask_pk, a.signature) if signed else (a.enc_pk, a.mask_pk)
-
-        neighbour_keys = {i: {v: entry(adv[v]) for v in graph[i] if v in adv} for i in adv}
-        need = shape.min_survivors  # once this many have answered a phase, the rest get a short grace
-        replies = self.send("train.sa_train", contents(sorted(adv), lambda i: {
-            **models, "keys": wire.keys_record(neighbour_keys[i])}), need)
+        # phase 2: train, encode, mask (and evaluate the model received, for the last round's metrics)
+        replies = self.send("train.sa_train", contents(sorted(pend.inbox), lambda i: {
+            **models, "inbox": wire.inbox_record(pend.inbox[i]), **self.evaluation_part(node_at[i])}), need)
+        self.take_evaluations(replies)
         got = {}
-        for i in sorted(adv):
-            parsed = self.read(r, int(cohort[i]), replies.get(node_at[i]),
-                               lambda m: (wire.read_shape(m, True), wire.read_share(m[wire.SECAGG])))
-            if parsed:
-                got[i] = parsed
+        for i in sorted(pend.inbox):
+            rep = replies.get(node_at[i])
+            shape = self.read(r, int(cohort[i]), rep, lambda m: wire.read_shape(m, True))
+            msg = None if shape is None else self.read(r, int(cohort[i]), rep,
+                                                        lambda m, d=shape[0]: wire.read_masked(m[wire.SECAGG], d))
+            if msg is not None:
+                got[i] = (shape, msg)
         if not got:
             raise RoundAborted(f"round {r}: no client answered")
         votes = Counter(shape for shape, _ in got.values())  # (d, b): the most common wins, others are rejected
@@ -507,114 +576,132 @@ class Coordinator:
         if sa.round_bits(k) != bits:
             raise RoundAborted(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
         sec.update(bits=bits, d=d)
-        transport.bits_per_value = bits  # the round's width on the wire (as SecureSum.transmit records it)
-        ids = {i: int(c) for i, c in enumerate(cohort)} if signed else None
-        server = Server(RoundConfig(r, k, d, bits, shape.neighbours, shape.threshold, shape.min_survivors, vks, ids),
-                        workers=default_workers())
-        proto = np.array([adv[i].wire_nbytes if i in adv else 0 for i in range(k)], dtype=np.int64)  # sent with the hello
-
-        def take(i: int, msg: Any) -> bool:
-            try:
-                if msg.sender != i:
-                    raise ProtocolError(f"node at position {i} signed its message as client {msg.sender}")
-                server.receive(msg)
-            except ProtocolError as e:
-                self.log(f"round {r}: rejected client {int(cohort[i])}: {e}")
-                return False
-            return True
-
-        for i in sorted(adv):
-            server.receive(adv[i])
-        if server.close_advertise() != neighbour_keys:
-            raise RuntimeError("the protocol server's key sets differ from those sent")  # cannot happen
-        for i, (_, msg) in got.items():
-            if take(i, msg):
-                proto[i] += msg.wire_nbytes
+        rnd.shape(d, bits)
         self.answered = {int(cohort[i]) for i in got}
-        inbox = server.close_shares()
-        # phase 2: masked inputs
-        replies = self.send("train.sa_mask", contents(sorted(inbox), lambda i: {"inbox": wire.inbox_record(inbox[i])}),
-                            need)
-        sent = np.zeros(k, dtype=np.int64)
-        for i in sorted(inbox):
-            msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_masked(m[wire.SECAGG], d))
-            if msg and take(i, msg):
-                sent[i] = msg.wire_nbytes
-        self.answered = {int(cohort[i]) for i in range(k) if sent[i]}
-        request = server.close_masked()
+        request = rnd.masked({i: msg for i, (_, msg) in got.items()})
+        self.answered = {int(cohort[i]) for i in range(k) if rnd.masked_bytes[i]}
         if signed:  # consistency check: each survivor signs the survivor list; unmasking needs enough signatures
             req = wire.request_record(request)
             replies = self.send("train.sa_consistency", contents(sorted(request.survivors), lambda i: {"request": req}),
                                 need)
-            signers = set()
-            for i in sorted(request.survivors):
-                msg = self.read(r, int(cohort[i]), replies.get(node_at[i]),
-                                lambda m: wire.read_signature(m[wire.SECAGG]))
-                if msg and take(i, msg):
-                    proto[i] += msg.wire_nbytes
-                    signers.add(int(cohort[i]))
-            self.answered = signers
-            request = server.close_consistency()
-        # phase 3 (4 signed): unmasking, asked of the survivors (signed: of those that signed the list)
+            sigs = {i: self.read(r, int(cohort[i]), replies.get(node_at[i]),
+                                 lambda m: wire.read_signature(m[wire.SECAGG])) for i in sorted(request.survivors)}
+            request = rnd.signatures({i: m for i, m in sigs.items() if m is not None})
+            self.answered = {int(cohort[i]) for i in request.signatures}
+        # phase 3: unmasking, asked of the survivors (signed: of those that signed the list), with the
+        # next round's phase 1 for its cohort
         req = wire.request_record(request)
         asked = sorted(request.signatures) if signed else sorted(request.survivors)
-        replies = self.send("train.sa_unmask", contents(asked, lambda i: {"request": req}), need)
-        unmasked = set()
-        for i in asked:
-            msg = self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_unmask(m[wire.SECAGG]))
-            if msg and take(i, msg):
-                proto[i] += msg.wire_nbytes
-                unmasked.add(int(cohort[i]))
-        self.answered = unmasked
-        total = server.finish()
+        parts = {node_at[i]: {wire.PLAN: self.plan(ctx.round, ctx.n_selected, cohort, i, sec), "request": req} for i in asked}
+        nxt = self.next_round(r)
+        if nxt is not None:
+            for i, p in nxt[1].items():
+                parts.setdefault(nxt[0].node_at[i], {}).update({wire.NEXT_PLAN: p["plan"], wire.NEXT_KEYS: p["keys"]})
+        replies = self.send("train.sa_unmask", {node: RecordDict(p) for node, p in parts.items()},
+                            max(need, nxt[0].rnd.cfg.min_survivors) if nxt else need)
+        if nxt is not None:
+            try:
+                self.prepared = self.take_shares(nxt[0], replies, wire.NEXT_SECAGG)
+            except RoundAborted as e:
+                self.log(f"round {r + 1}: its keys were not shared with round {r}'s unmasking ({e}); shared again")
+        msgs = {i: self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_unmask(m[wire.SECAGG]))
+                for i in asked}
+        self.answered = {int(cohort[i]) for i, m in msgs.items() if m is not None}
+        total = rnd.unmask({i: m for i, m in msgs.items() if m is not None})
         self.answered = {int(cohort[i]) for i in request.survivors}  # their inputs are in the sum
         ctx.metrics["secagg_bits"] = float(bits)
         ctx.metrics["secagg_survivors"] = float(len(request.survivors))
-        ctx.metrics["secagg_protocol_bytes"] = float(proto.mean())
-        return Received(rows=None, total=decode_sum(sa, total, bits).to(self.sim.device),
-                        count=len(request.survivors), upstream_bytes=sent, width=d)
+        ctx.metrics["secagg_protocol_bytes"] = float(rnd.protocol_bytes.mean())
+        transport.bits_per_value = bits  # the round's width on the wire (as SecureSum.transmit records it)
+        return Received(rows=None, total=decode_sum(sa, total, bits).to(self.state.device),
+                        count=len(request.survivors), upstream_bytes=rnd.masked_bytes.copy(), width=d)
 
+    def next_round(self, r: int) -> tuple[Prepared, dict[int, dict]] | None:
+        """Round r + 1's phase 1, to ride on round r's unmask message (None after the last round)."""
+        if r >= self.cfg.federation.rounds:
+            return None
+        cohort, dropped = self.select(r + 1)
+        if len(cohort) < 2 or any(int(c) not in self.node_of for c in cohort):
+            return None
+        try:
+            return self.prepare(r + 1, cohort, len(cohort) + len(dropped))
+        except (RoundAborted, ConfigError) as e:
+            self.log(f"round {r + 1}: its keys cannot be shared yet ({e})")
+            return None
+
+    def select(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Round r's cohort, drawn once (a deployment's seeds may come from the OS)."""
+        if r not in self.selected:
+            self.selected = {r: self.state.select(r)}
+        return self.selected[r]
+
+    # ---- federated evaluation: the last round's model, evaluated with the next round's training ----
+    def evaluation_part(self, node: int) -> dict[str, ConfigRecord]:
+        if self.awaiting is None:
+            return {}
+        return {wire.EVALUATE: wire.evaluate_flag(self.awaiting["round"])}
+
+    def take_evaluations(self, replies: dict[int, Reply]) -> None:
+        if self.awaiting is None:
+            return
+        r = self.awaiting["round"]
+        for cid, node in self.node_of.items():
+            rep = replies.get(node)
+            if rep is not None and wire.EVALUATION in rep.content:
+                got = self.read(r, cid, rep, lambda m: wire.read_evaluation(m, wire.EVALUATION))
+                if got is not None:
+                    self.evaluations[node] = got
+
+    def finish_evaluation(self) -> dict[str, Any] | None:
+        """The awaited round's federated metrics: the counts that came with this round's training,
+        and an evaluation exchange for the sites that were not asked then. Returns its metrics,
+        completed (its metrics line rewritten), or None when none awaited."""
+        m, self.awaiting = self.awaiting, None
+        if m is None:
+            return None
+        missing = sorted(set(self.node_of.values()) - set(self.evaluations))
+        if missing:
+            self.evaluations.update(self.evaluation_exchange(m["round"], missing))
+        m.update(self.fed_metrics(self.evaluations))
+        self.evaluations = {}
+        self.state.update_best(m)
+        self.state.rewrite_round(m)
+        return m
     # ---- driving --------------------------------------------------------------------
-    def _start_files(self) -> None:
-        """config.toml (as the simulator writes it) and an empty metrics.jsonl; a resume keeps both."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        if self.sim.round == 0:
-            d = self.sim.data_record()
-            source = d["source"].replace("\n", " ")
-            ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), sha256 {d['sha256']}\n"
-                                               + dump_config(self.cfg))
-            ckpt.write_text(self.out / METRICS, "")
+    def _unevaluated(self) -> dict[str, Any] | None:
+        """A resumed run's last round, when the server stopped before the sites evaluated its model."""
+        if not self.out or self.state.round == 0 or self.evaluation == "server" or not (self.out / METRICS).exists():
+            return None
+        lines = [ln for ln in (self.out / METRICS).read_text().splitlines() if ln.strip()]
+        last = json.loads(lines[-1]) if lines else {}
+        r = self.state.round
+        return last if last.get("round") == r and self.state.eval_due(r) and "fed_sites" not in last else None
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         self.hello()
-        if self.out:
-            self._start_files()
-        if self.sim.ledger is not None:
-            self.log(self.sim.accounting_note())
-        total, first = self.cfg.federation.rounds, self.sim.round + 1
-        while self.sim.round < total:
+        self.state.start_files()
+        if self.state.ledger is not None:
+            self.log(self.state.accounting_note())
+        total, first = self.cfg.federation.rounds, self.state.round + 1
+        self.awaiting = self._unevaluated()
+        while self.state.round < total:
             try:
                 m = self.step_round()
             except BudgetExceededError as e:
-                self.sim.stopped_reason = str(e)
+                self.state.stopped_reason = str(e)
                 self.log(f"stopping: {e}")
                 break
             self.history.append(m)
-            if self.out:
-                with open(self.out / METRICS, "a") as f:
-                    f.write(json.dumps(m) + "\n")
-                if self.sim.round % self.cfg.run.checkpoint_every == 0 or self.sim.round == total:
-                    ckpt.save(self.sim.state_dict(), self.out / CHECKPOINT)
-            if on_round:
-                on_round(m)
-        ran = self.sim.round - first + 1
+            self.state.write_round(m)
+            for done in [*self.done, m] if on_round else ():  # a round's line once its metrics are all in
+                if done is not self.awaiting:
+                    on_round(done)
+        last = self.finish_evaluation()  # the last round's federated evaluation: an exchange of its own
+        if last is not None and on_round:
+            on_round(last)
+        ran = self.state.round - first + 1
         if ran > 0 and self.aborted == ran:
-            self.sim.stopped_reason = (f"all {ran} rounds aborted (the last: {self.history[-1]['aborted']}); "
+            self.state.stopped_reason = (f"all {ran} rounds aborted (the last: {self.history[-1]['aborted']}); "
                                        "nothing was released")
-        summary = {**self.sim.summary(), "reproducible": self.reproducible, "rounds_aborted": self.aborted,
-                   "deployment": "flower"}
-        if self.out:
-            ckpt.save(self.sim.state_dict(), self.out / CHECKPOINT)
-            torch.save({"round": self.sim.round, "w": self.sim.w.cpu()}, self.out / MODEL)
-            ckpt.write_text(self.out / SUMMARY, json.dumps(summary, indent=2))
-        return summary
+        return self.state.finish({"reproducible": self.reproducible, "rounds_aborted": self.aborted,
+                                  "deployment": "flower"})

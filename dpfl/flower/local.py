@@ -393,7 +393,7 @@ def raise_if_unfinished(workdir: str | Path, log_text: str = "", rounds: int | N
     reason); FederationError with the reason if every round aborted."""
     import json
 
-    from dpfl.engine.simulator import SUMMARY
+    from dpfl.engine.run import SUMMARY
 
     work = Path(workdir).absolute()
     out, logs = work / "out", work / "federation" / "logs"
@@ -437,12 +437,10 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     """
     import json
 
-    import torch
-
-    from dpfl.engine.simulator import CONFIG, METRICS, SUMMARY
+    from dpfl.engine import checkpoint as ckpt
+    from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, SUMMARY
     from dpfl.flower.appdir import write_app
     from dpfl.flower.client import parse_run_config
-    from dpfl.flower.coordinator import MODEL
 
     work = Path(workdir).absolute()
     out = work / "out"
@@ -471,6 +469,6 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     summary = raise_if_unfinished(work, text, cfg.federation.rounds)
     metrics = [json.loads(line) for line in (out / METRICS).read_text().splitlines() if line]
     return {"metrics": metrics, "summary": summary,
-            "w": torch.load(out / MODEL, weights_only=True)["w"], "startup_seconds": t1 - t0,
+            "w": ckpt.load(out / CHECKPOINT)["w"], "startup_seconds": t1 - t0,
             "run_seconds": t2 - t1, "total_seconds": time.perf_counter() - t0, "cpu_seconds": fed.cpu_seconds,
             "commands": fed.commands(app_dir), "logs": str(work / "federation" / "logs")}

@@ -23,12 +23,13 @@ import numpy as np
 import torch
 
 from dpfl.config import RunConfig
+from dpfl.engine.run import configured_scheme, first_output, scheme_env
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.flower.certs import signing_files
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Transport
-from dpfl.schemes.registry import Scheme, build_scheme
+from dpfl.schemes.registry import Scheme
 from dpfl.schemes.round import check_dpsgd, client_chain, local_plan, statistic_step
 from dpfl.schemes.sampling import local_positions, poisson_positions
 from dpfl.schemes.secure_sum import SecAggTransport
@@ -47,23 +48,9 @@ class OsSeeds(Seeds):
         return CryptoRNG()
 
 
-def scheme_env(cfg: RunConfig, n_params: int) -> dict[str, Any]:
-    """The run facts scheme builders take (the same dict `Simulation` passes)."""
-    return {"n_params": n_params, "cohort_size": cfg.cohort_size(), "n_clients": cfg.data.n_clients,
-            "train": cfg.train, "privacy": cfg.privacy, "seed": cfg.seed,
-            "sampling_rate": cfg.sampling_rate(), "rounds": cfg.federation.rounds,
-            "dropout": cfg.federation.dropout, "sampling": cfg.accounted_sampling()}
-
-
 def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
-    """The configured scheme, with the configured aggregator (as `Simulation` builds it)."""
-    env = scheme_env(cfg, n_params)
-    scheme = build_scheme(cfg.scheme.name, dict(cfg.scheme.options), env)
-    if cfg.scheme.aggregator:
-        from dpfl.schemes.aggregators import build_aggregator
-
-        scheme.aggregator = build_aggregator(cfg.scheme.aggregator, dict(cfg.scheme.aggregator_options), env)
-    return scheme
+    """The configured scheme, built as the server's `Run` builds it (`engine.run.scheme_env`)."""
+    return configured_scheme(cfg, scheme_env(cfg, n_params))
 
 
 def round_secagg(transport: Transport, k: int, d: int) -> SecAggTransport:
@@ -186,20 +173,13 @@ def site_data(path: str, node: NodeSettings, cfg: RunConfig, model: torch.nn.Mod
     """A site's own file (`dpfl.data.load_site_data`), checked against the model: it takes an
     example, and the labels are classes the model predicts. One DataError line otherwise."""
     from dpfl.data import load_site_data
-    from dpfl.data.dataset import as_model_input
-
     site = load_site_data(path, label_column=node.label_column, shape=node.data_shape, scale=node.data_scale,
                           like=cfg.data.dataset)
-    was = model.training
     try:
-        with torch.no_grad():
-            model.eval()
-            out = model(as_model_input(site.x[:1], next(model.parameters()).dtype))
+        out = first_output(model, site.x[:1])
     except RuntimeError as e:
         raise DataError(f"{path}: model {cfg.model.name!r} does not take its examples (shape "
                         f"{list(site.x.shape[1:])}): {str(e).splitlines()[0]}") from None
-    finally:
-        model.train(was)
     binary = out.shape[-1] == 1
     classes = 2 if binary else int(out.shape[-1])
     if int(site.y.max()) >= classes or (site.task == "binary") != binary:

@@ -4,7 +4,8 @@ Run config keys (the `[tool.flwr.app.config]` table `dpfl flower app` writes; ov
 with `flwr run --run-config 'key=value'`):
 
     dpfl-config    the dpfl run config, as TOML text (the same file `dpfl run` takes)
-    out-dir        where the ServerApp writes metrics.jsonl, model.pt, summary.json ("" = nowhere)
+    out-dir        where the ServerApp writes the run directory, as `dpfl run` does: config.toml,
+                   metrics.jsonl, checkpoint.pt (the model: "w"), summary.json ("" = nowhere)
     reproducible   draw server randomness (selection, ties, central noise, the SecAgg+ graph) from
                    the config seed, as the simulator does; default false (OS randomness)
     timeout        seconds to wait for each phase's replies (a client that misses it has dropped)

@@ -38,6 +38,10 @@ STATISTIC = "statistic"  # a client's row of the round statistic, or the server'
 SECAGG = "secagg"
 REPLY = "reply"
 TIMING = "timing"  # a ClientApp's own time split (launch, import, work), in seconds
+EVALUATE = "evaluate"  # in a training message: evaluate the model received first (the last round's model)
+EVALUATION = "evaluation"  # in its reply: the counts of that evaluation
+NEXT_PLAN, NEXT_KEYS = "next_plan", "next_keys"  # in an unmask message: the next round's phase 1
+NEXT_SECAGG, NEXT_ERROR = "next_secagg", "next_error"  # in its reply: that round's shares, or why not
 
 
 def _get(rec: ConfigRecord, key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -200,9 +204,24 @@ def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]
     return out
 
 
-def read_evaluation(content: RecordDict) -> dict[str, float | int]:
+def wants_evaluation(content: RecordDict) -> bool:
+    return EVALUATE in content
+
+
+def evaluate_flag(r: int) -> ConfigRecord:
+    """The flag asking a site to evaluate the model it receives: the model after round `r`."""
+    return ConfigRecord({"round": int(r)})
+
+
+def with_evaluation(reply: RecordDict, counts: dict[str, float | int] | None) -> RecordDict:
+    if counts is not None:
+        reply[EVALUATION] = ConfigRecord(dict(counts))
+    return reply
+
+
+def read_evaluation(content: RecordDict, name: str = REPLY) -> dict[str, float | int]:
     """A site's evaluation counts: n ≥ 0 examples, 0 ≤ correct ≤ n, a finite loss sum ≥ 0."""
-    rec = _record(content, REPLY, "evaluation")
+    rec = _record(content, name, "evaluation")
     n, correct = _get(rec, "n", int, "evaluation"), _get(rec, "correct", int, "evaluation")
     loss = _get(rec, "loss_sum", float, "evaluation")
     if not 0 <= correct <= n or not (math.isfinite(loss) and loss >= 0):

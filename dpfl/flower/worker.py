@@ -5,8 +5,8 @@ and connector apps, not ClientApps), so every training message would import torc
 and load the site's data and model again. The ClientApp of a message that trains (hello, train,
 statistic, evaluate) instead forwards it to this site's worker: one process per (run, node),
 started by the first such message, serving messages one at a time over a Unix socket and
-caching what does not change during a run (torch, the site's data). The masking and unmasking
-phases never reach it: their ClientApps import neither torch nor scipy.
+caching what does not change during a run (torch, the site's data). The key-sharing, consistency
+and unmasking phases never reach it: their ClientApps import neither torch nor scipy.
 
 Nothing secret lives in the worker between messages: the node's state (its secret, the encoded
 row) travels with each message and back, and stays in the SuperNode as before. The socket lies in

@@ -35,6 +35,10 @@ mechanism with noise multiplier σ. Gaussian shares are floating-point draws (th
 CryptoRNG words, `dpfl.rng.gauss`), not an exact lattice sampler; FL-SIGN-DP uses the integer sampler.
 Metrics such as the clipped fraction are simulation diagnostics, not DP releases.
 
+Correlated noise (``correlated = "tree" | "bandmf"``, `CorrelatedNoiseStep`): DP-FTRL's tree aggregation or
+BandMF, noise correlated across rounds (`dpfl.privacy.factorization`), central or (all clients in every round)
+distributed, accounted on the federation's participation schema; see docs/dp-schemes.md.
+
 Attacks: rows flagged in ``ctx.omit_noise`` (bool [k], set by an attack's ``select``) add no
 noise; ``dp_noise_shares`` in the metrics counts the rows that did.
 """
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -445,6 +449,148 @@ class GaussianNoiseStep(_NoiseStep):
         if self.count_sigma is None:
             return out
         return f"{out[:-1]}, joint: update σ_Δ={self.update_sigma:.6g}, count σ_b={self.count_sigma:.6g})"
+
+
+class CorrelatedNoiseStep(GaussianNoiseStep):
+    """Correlated Gaussian noise across rounds: DP-FTRL's tree aggregation or BandMF
+    (`dpfl.privacy.factorization`). Round t's sum gets S·σ·z̃_t, z̃ = F Z with Z's rows N(0, 1) vectors
+    from the run's CryptoRNG keys (`dpfl.privacy.correlated`): the model's prefix sums carry B Z, and the
+    run is the Gaussian mechanism on C x with multiplier σ/Δ, Δ the factorization's sensitivity under the
+    participation schema.
+
+    central: the (trusted) server adds S·σ·z̃_t/|K| to the DP mean; BandMF keeps b − 1 rows of z̃ as
+    state (checkpointed). distributed: every one of the N clients takes part in every round and adds
+    S·σ/√N·(F Z⁽ⁱ⁾)_t from its own streams inside the secure sum: Σᵢ F Z⁽ⁱ⁾ = F Σᵢ Z⁽ⁱ⁾ with
+    Σᵢ Z⁽ⁱ⁾ ~ N(0, I): the same mechanism, and no party learns the noise (tree, or BandMF with b = 1,
+    the only BandMF that such a schema allows; both stateless per client).
+    Events: round t adds GaussianEvent(σ/√(Δ_t² − Δ²_accounted)) (ρ adds up to Δ_t²/(2σ²)); a round
+    that released nothing is charged at the next one that does."""
+
+    name = "correlated_noise"
+
+    def __init__(self, sigma: float, clip: ClipStep, mf: Any, sens2: np.ndarray, exact: bool,
+                 participation: tuple[str, int], noise: str = "central"):
+        from dpfl.privacy.correlated import stream
+
+        super().__init__(sigma, clip, 1.0, 0, noise)
+        if self.count_sigma is not None:
+            raise ConfigError("clip = 'adaptive' does not combine with correlated noise")
+        self.mf, self.sens2, self.exact, self.participation_schema = mf, np.asarray(sens2), exact, participation
+        self.label = mf.name
+        self.round_std = mf.round_std()  # ‖F_t‖: round t's noise std per unit of S·σ
+        self.stream = stream(mf)
+        self.accounted = 0.0  # Δ² charged so far
+        self.pending = 0.0  # Δ² charged once this round releases
+        self.n_clients = 0
+        self._width = 0  # values per row (the noise vectors' length)
+
+    def setup(self, ctx: SetupContext) -> None:
+        super().setup(ctx)
+        self.n_clients = ctx.n_clients
+
+    def _check_round(self, r: int) -> None:
+        if not 1 <= r <= self.mf.rounds:
+            raise ConfigError(f"round {r}: the correlated noise was built for {self.mf.rounds} rounds")
+
+    def share_std(self, k: int) -> float:
+        """Distributed: the largest round's share std S·σ·max‖F_t‖/√k (the secure sum's range)."""
+        if self.noise != "distributed":
+            return 0.0
+        return self.clip.bound * self.sigma * float(self.round_std.max()) / math.sqrt(shares(k, 0))
+
+    def mean_noise_std(self, ctx: RoundContext) -> float:
+        return self.clip.bound * self.sigma * float(self.round_std[ctx.round - 1]) / dp_denominator(ctx)
+
+    def _unit(self, ctx: RoundContext, *path: object) -> Callable[[tuple], torch.Tensor]:
+        """key -> a float64 [d] vector of N(0, 1) from the CryptoRNG stream of (path, key)."""
+        def draw(key: tuple) -> torch.Tensor:
+            out = torch.empty(self._width, dtype=torch.float64)
+            return ctx.seeds.crypto(*path, self.mf.name, *key).gaussian_into(out, 1.0)
+
+        return draw
+
+    def client(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        self._check_round(ctx.round)
+        if self.noise != "distributed":
+            return u
+        k = ctx.k()
+        if k != self.n_clients:
+            raise RoundAborted(f"round {ctx.round}: distributed correlated noise needs all {self.n_clients} "
+                               f"clients' shares, {k} answered: nothing released")
+        t0 = time.perf_counter()
+        self._width = u.shape[1]
+        std = self.clip.bound * self.sigma / math.sqrt(k)  # Z⁽ⁱ⁾ ~ N(0, (Sσ)²/N) per client
+        skip = _omitted(ctx, k)
+        out = u.detach().clone()
+        for i, c in enumerate(ctx.cohort):
+            if skip[i]:
+                continue
+            draw = self._unit(ctx, "dp-mf-share", int(c))
+            z = self.stream.noise(ctx.round, draw) if self.mf.name == "tree" else draw((ctx.round,))
+            out[i] = z.mul_(std).add_(out[i].to("cpu", torch.float64)).to(out.device, out.dtype)
+        ctx.metrics["dp_noise_shares"] = int(k - skip.sum())
+        ctx.metrics["dp_share_std"] = std * float(self.round_std[ctx.round - 1])
+        ctx.metrics["dp_noise_seconds"] = time.perf_counter() - t0
+        return out
+
+    def server(self, agg: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
+        self._check_round(ctx.round)
+        ctx.dp_noise_std = self.mean_noise_std(ctx)
+        ctx.metrics["dp_noise_std"] = ctx.dp_noise_std
+        ctx.metrics["dp_mf_sensitivity"] = math.sqrt(float(self.sens2[ctx.round - 1]))
+        self.accounted = self.pending  # the round released: its event is in the ledger
+        if self.noise != "central":
+            return agg
+        t0 = time.perf_counter()
+        self._width = agg.numel()
+        z = self.stream.noise(ctx.round, self._unit(ctx, "dp-mf"))
+        z.mul_(self.clip.bound * self.sigma / dp_denominator(ctx))
+        ctx.metrics["dp_noise_seconds"] = time.perf_counter() - t0
+        return (agg.to("cpu", torch.float64) + z).to(agg.device, agg.dtype)
+
+    def privacy_events(self, ctx: RoundContext) -> list[Any]:
+        from dpfl.privacy.factorization import round_event
+
+        self._check_round(ctx.round)
+        event, self.pending = round_event(self.sigma, self.sens2, self.accounted, ctx.round)
+        return [] if event is None else [event]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "rounds": self.mf.rounds, "accounted": self.accounted,
+                "stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["rounds"] != self.mf.rounds:
+            raise ValueError(f"the correlated noise was built for {state['rounds']} rounds, this run has "
+                             f"{self.mf.rounds}: a run with correlated noise keeps federation.rounds")
+        super().load_state_dict(state)
+        self.accounted = self.pending = float(state["accounted"])
+        self.stream.load_state_dict(state["stream"])
+
+    def describe(self) -> str:
+        schema, sep = self.participation_schema
+        if self.mf.name == "tree":
+            what = (f"restart={self.mf.segments[0] if len(self.mf.segments) > 1 else 'none'}, "
+                    f"completion={'on' if self.mf.completion else 'off'}")
+        else:
+            what = f"bands={self.mf.bands}"
+        part = schema if schema == "any" else f"{schema} b={sep}"
+        delta = math.sqrt(float(self.sens2[-1]))
+        return (f"{self.label}(σ={self.sigma:.6g}, {self.noise}, {what}, {part}: Δ={delta:.6g} "
+                f"{'exact' if self.exact else 'upper bound'}, σ/Δ={self.sigma / delta:.6g})")
+
+
+def correlated_noise(dp: Any, clip: ClipStep, prefix: Sequence[Any] = ()) -> CorrelatedNoiseStep:
+    """The correlated noise step of `dp` (a `DPOptions` with `correlated` set): the factorization, its
+    sensitivity under the run's participation schema, and σ (given, or calibrated on the run's events after
+    `prefix` for dp.epsilon)."""
+    from dpfl.privacy import factorization as mf
+
+    schema, sep = dp.participation
+    f, sens2, exact = mf.build(dp.correlated, dp.rounds, schema, sep, bands=dp.bands, restart=dp.restart,
+                               completion=dp.completion is not False, workload_momentum=dp.workload_momentum)
+    sigma = dp.sigma if dp.sigma is not None else mf.calibrate(dp.epsilon, dp.delta, sens2, dp.accountant, prefix)
+    return CorrelatedNoiseStep(sigma, clip, f, sens2, exact, (schema, sep), dp.noise)
 
 
 def _check_int32(largest: int, xi: float) -> None:

@@ -51,6 +51,18 @@ class DPOptions(BaseModel):
     clip_init: Positive | None = Field(None, description="a finite number > 0 (initial bound C₀ of clip = 'adaptive')")
     clip_count_sigma: Positive | None = Field(
         None, description="a finite number > 0 (σ_b, std of the noise on the count of clip = 'adaptive')")
+    # correlated noise (DP-FTRL's tree aggregation, BandMF; dpfl.privacy.factorization), accounted on the
+    # federation's participation schema; the keys after it apply to one of the two (CORRELATED_KEYS)
+    correlated: Literal["tree", "bandmf"] | None = Field(
+        None, description="'tree' or 'bandmf' (correlated noise across rounds) or omitted (independent noise)")
+    bands: int | None = Field(None, ge=1, description="an integer ≥ 1 (BandMF's bands b; default: the "
+                                                      "participation's separation)")
+    restart: int | None = Field(None, ge=1, description="an integer ≥ 1 (rounds per tree; default: one tree)")
+    completion: bool | None = Field(None, description="true or false (tree completion at each restart; "
+                                                      "default true)")
+    workload_momentum: float | None = Field(
+        None, ge=0, lt=1, allow_inf_nan=False,
+        description="a number in [0, 1) (BandMF optimised for server momentum β; default: prefix sums)")
 
     # ---- the scheme and the run (not [scheme.options])
     name: str = "dp"  # the DP scheme's name
@@ -63,6 +75,8 @@ class DPOptions(BaseModel):
     cohort_size: int = Field(ge=1, strict=False)  # |K|
     n_clients: int | None = Field(None, strict=False)  # N
     n_params: int = Field(ge=1, strict=False)  # n
+    participation: tuple[str, int] | None = None  # (schema, separation b): RunConfig.participation()
+    dropout: float = Field(0.0, strict=False)  # federation.dropout
 
     @model_validator(mode="after")
     def _consistent(self) -> DPOptions:
@@ -73,6 +87,7 @@ class DPOptions(BaseModel):
         if self.tolerate and self.noise != "distributed":
             raise ValueError(f"tolerate = {self.tolerate} only applies to distributed noise "
                              f"(got noise = {self.noise!r})")
+        _check_correlated(self)  # first: a participation schema is not sampling
         if self.mechanism == "discrete":
             if self.accountant == "pld":
                 raise ValueError("FL-SIGN-DP's discrete Gaussian event (thesis Thm 3) bounds log-moments: use "
@@ -113,8 +128,9 @@ class DPOptions(BaseModel):
 
     @property
     def accounted_sampling(self) -> str:
-        """How the events account client selection; local noise: none (no amplification by sampling)."""
-        return "none" if self.noise == "local" else self.sampling
+        """How the events account client selection; local and correlated noise: none (no amplification by
+        sampling; correlated noise is accounted on the participation schema)."""
+        return "none" if self.noise == "local" or self.correlated else self.sampling
 
     @property
     def without_replacement(self) -> tuple[int, int] | None:
@@ -141,12 +157,59 @@ class DPOptions(BaseModel):
             raise ConfigError(f"scheme {facts.get('name', 'dp')!r}: {_one_line(e)}") from None
 
 
+# the options of one correlated mechanism: key -> the `correlated` it applies to
+CORRELATED_KEYS: dict[str, str] = {"bands": "bandmf", "restart": "tree", "completion": "tree",
+                                   "workload_momentum": "bandmf"}
+
+
+def _check_correlated(o: DPOptions) -> None:
+    """ValueError (one line) where correlated noise, its options or the participation schema do not fit."""
+    wrong = [k for k, m in CORRELATED_KEYS.items() if getattr(o, k) is not None and o.correlated != m]
+    if wrong:
+        raise ValueError("; ".join(f"{k} applies only to correlated = {CORRELATED_KEYS[k]!r}" for k in wrong)
+                         + f" (got correlated = {o.correlated!r})")
+    part = o.participation
+    if o.correlated is None:
+        if part is not None and part[0] != "any":
+            raise ValueError(f"federation.participation = {part[0]!r} is accounted only with correlated noise "
+                             "(correlated = 'tree' or 'bandmf'; 'bandmf' with bands = 1 is independent noise under "
+                             "this schema): the sampling accountants assume uniformly drawn cohorts")
+        return
+    if part is None:
+        raise ValueError("correlated noise is accounted on the run's participation schema, which this builder "
+                         "was not given (a deployed node is not yet): run it in the simulator")
+    if o.noise == "local":
+        raise ValueError("correlated noise is 'central' (a trusted server adds it) or 'distributed' (shares in the "
+                         "secure sum, every client in every round), not 'local'")
+    if o.clip == "adaptive":
+        raise ValueError("clip = 'adaptive' does not combine with correlated noise (its count's noise is not "
+                         "correlated): give clip a number, 'auto' or 'private'")
+    schema, sep = part
+    if o.correlated == "bandmf":
+        if o.bands is None and schema == "any":
+            raise ValueError("correlated = 'bandmf' needs a client's rounds at least b apart: set "
+                             "federation.participation = 'cyclic' (groups = b) or 'min-separation' (separation = "
+                             "b), or bands = 1 (independent noise) where a client may take part in every round")
+        if (o.bands or 1) > sep:
+            raise ValueError(f"bands = {o.bands} needs a client's rounds ≥ {o.bands} apart, but "
+                             f"federation.participation = {schema!r} allows {sep}: raise its groups or separation "
+                             f"to ≥ {o.bands}, or lower bands")
+        if (o.bands or 1) > o.rounds:
+            raise ValueError(f"bands = {o.bands} exceeds federation.rounds = {o.rounds}")
+    if o.noise == "distributed" and (o.sampling != "none" or o.dropout or o.tolerate or o.drop_after_masking):
+        raise ValueError("correlated noise with noise = 'distributed' needs the same clients in every round's sum "
+                         "(a fixed cohort of all N clients, federation.dropout = 0, tolerate = 0, no "
+                         "drop_after_masking): a client's share of round t continues its own earlier shares, which "
+                         "no other client holds; use noise = 'central' (a trusted server adds the noise)")
+
+
 # Andrew et al. (NeurIPS 2021) and TFF's `gaussian_adaptive`: γ = 0.5, η_C = 0.2, C₀ = 0.1, σ_b = 0.05·|K|
 ADAPTIVE_DEFAULTS: dict[str, float] = {"clip_quantile": 0.5, "clip_lr": 0.2, "clip_init": 0.1,
                                        "clip_count_sigma": math.nan}  # (σ_b: |K|/20, see DPOptions.adaptive)
 USER_OPTIONS = tuple(k for k in DPOptions.model_fields if DPOptions.model_fields[k].description)
 # FL-SIGN-DP's sensitivity is √n: no clip bound to give, select or adapt
-GAUSSIAN_ONLY = ("clip", "clip_clients", "clip_epsilon", "frac_bits", *ADAPTIVE_DEFAULTS)
+GAUSSIAN_ONLY = ("clip", "clip_clients", "clip_epsilon", "frac_bits", *ADAPTIVE_DEFAULTS, "correlated",
+                 *CORRELATED_KEYS)
 
 
 def _one_line(err: ValidationError) -> str:
@@ -167,6 +230,9 @@ def _one_line(err: ValidationError) -> str:
 
 
 _ENV = ("n_params", "cohort_size", "n_clients", "sampling", "sampling_rate", "rounds", "privacy")
+_ENV_DEFAULTS = {"n_clients": None, "sampling": "poisson"}
+# run facts read from the whole env (never offered as options): correlated noise's participation schema
+_FROM_ENV = {"participation": None, "dropout": 0.0}
 _KW = inspect.Parameter.KEYWORD_ONLY
 _EMPTY = inspect.Parameter.empty
 
@@ -179,10 +245,10 @@ def register_dp(name: str, mechanism: str = "gaussian", **defaults: Any) -> Call
 
     def deco(fn: Callable) -> Callable:
         own = [p.replace(kind=_KW) for p in list(inspect.signature(fn).parameters.values())[1:]]
-        env = [inspect.Parameter(k, _KW, default={"n_clients": None, "sampling": "poisson"}.get(k, _EMPTY))
-               for k in _ENV]
+        env = [inspect.Parameter(k, _KW, default=_ENV_DEFAULTS.get(k, _EMPTY)) for k in _ENV]
         dps = [inspect.Parameter(k, _KW, default=defaults.get(k, DPOptions.model_fields[k].default)) for k in dp_keys]
-        sig = inspect.Signature(env + own + dps)  # what the registry offers
+        whole = inspect.Parameter("env", _KW, default=None)  # the registry passes its env dict here
+        sig = inspect.Signature([*env, whole, *own, *dps])  # what the registry offers
 
         @functools.wraps(fn)
         def build(**given: Any):
@@ -190,6 +256,8 @@ def register_dp(name: str, mechanism: str = "gaussian", **defaults: Any) -> Call
             bound.apply_defaults()
             kw = dict(bound.arguments)
             facts = {k: kw.pop(k) for k in _ENV}
+            run = kw.pop("env") or {}
+            facts.update({k: run.get(k, d) for k, d in _FROM_ENV.items()})
             privacy = facts.pop("privacy")
             mine = {p.name: kw.pop(p.name) for p in own}
             dp = DPOptions.parse(kw, name=name, mechanism=mechanism, accountant=privacy.accountant,
@@ -200,7 +268,11 @@ def register_dp(name: str, mechanism: str = "gaussian", **defaults: Any) -> Call
         if mechanism != "gaussian":
             build.refused_options = {k: (
                 f"option {k!r} does not apply: its discrete Gaussian mechanism on sign vectors has sensitivity √n, "
-                "not a clip bound S: nothing to give, select or adapt (no clip = 'adaptive')") for k in GAUSSIAN_ONLY if k != "frac_bits"}
+                "not a clip bound S: nothing to give, select or adapt (no clip = 'adaptive')") for k in GAUSSIAN_ONLY
+                if k != "frac_bits" and k != "correlated" and k not in CORRELATED_KEYS}
+            build.refused_options.update({k: (
+                f"option {k!r} does not apply: its discrete Gaussian shares have no correlated-noise version "
+                "(correlated noise is for the Gaussian schemes)") for k in ("correlated", *CORRELATED_KEYS)})
         return register(name)(build)
 
     return deco

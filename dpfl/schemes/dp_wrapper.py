@@ -35,6 +35,7 @@ from dpfl.schemes.dp import (
     DiscreteGaussianShareStep,
     DPMeanAggregator,
     GaussianNoiseStep,
+    correlated_noise,
 )
 from dpfl.schemes.dp_options import DPOptions
 from dpfl.schemes.registry import Scheme
@@ -67,10 +68,13 @@ def make_private(base: Scheme, dp: DPOptions, *, auto_clip: ClipSelector | None 
         sens = clip
         if post_processing and dp.noise == "central":  # ‖Q(v)‖ ≤ growth·‖v‖ (+ float margin)
             sens = ClipStep(clip.bound * norm_growth * (1 + 1e-6))
-        sigma = resolve_sigma(dp, _gaussian_event(dp), prefix)  # adaptive clipping: the joint σ, split below
         try:
-            noise = GaussianNoiseStep(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
-                                  without_replacement=dp.without_replacement)
+            if dp.correlated is not None:  # DP-FTRL (tree) or BandMF, accounted on the participation schema
+                noise = correlated_noise(dp, sens, prefix)
+            else:
+                sigma = resolve_sigma(dp, _gaussian_event(dp), prefix)  # adaptive clipping: the joint σ, split below
+                noise = GaussianNoiseStep(sigma, sens, dp.sampling_rate, dp.tolerate, dp.noise,
+                                          without_replacement=dp.without_replacement)
         except ConfigError as e:
             raise ConfigError(f"scheme {dp.name!r}: {e}") from None
         if not post_processing:

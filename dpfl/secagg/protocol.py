@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -708,6 +708,15 @@ class Server:
                 if v in inbox:
                     inbox[v][int(u)] = c
         return inbox
+
+    def set_shape(self, d: int, bits: int) -> None:
+        """Fix the vector length d and modulus 2^bits after the keys were shared (a deployment
+        learns them from the clients' encoding with their masked inputs); only before the first
+        masked input is taken."""
+        if self.phase != "masked" or self._masked:
+            raise ProtocolError(f"the shape is fixed before the first masked input (server in phase {self.phase})")
+        self.cfg = replace(self.cfg, d=d, bits=bits)  # validated again by RoundConfig
+        self._acc = np.zeros(self.cfg.d, dtype=self.cfg.dtype)
 
     def close_masked(self) -> UnmaskRequest:
         """U3 (the survivors); aborts if there are too few. With signatures, the request is the

@@ -19,6 +19,7 @@ from dpfl.secagg.graph import (
 from dpfl.secagg.prg import default_workers, mask_rows
 from dpfl.secagg.protocol import Client, MaskedInput, RoundConfig, Server
 from dpfl.secagg.ring import check_bits, check_int_range, client_bound, int_range, reduce, word_dtype
+from dpfl.secagg.rounds import ServerRound
 
 
 def _check_rows(rows: np.ndarray, bits: int) -> np.ndarray:
@@ -104,19 +105,10 @@ def secure_sum(
         raise ConfigError("the server passed in was built for a different round configuration")
     timing = dict.fromkeys(("keys_s", "mask_s", "server_sum_s", "unmask_s"), 0.0)
 
-    sent = np.zeros(k, dtype=np.int64)  # masked-input payload bytes
-    proto = np.zeros(k, dtype=np.int64)  # key, share and unmasking messages
+    rnd = ServerRound(cfg, server=srv)  # the server's phases, as a deployment drives them
     t0 = time.perf_counter()
-    for c in clients:
-        msg = c.advertise()
-        srv.receive(msg)
-        proto[c.id] += msg.wire_nbytes
-    pub = srv.close_advertise()
-    for c in clients:
-        msg = c.share_keys(pub[c.id])
-        srv.receive(msg)
-        proto[c.id] += msg.wire_nbytes
-    inbox = srv.close_shares()
+    pub = rnd.keys({c.id: c.advertise() for c in clients})
+    inbox = rnd.shares({c.id: c.share_keys(pub[c.id]) for c in clients})
     timing["keys_s"] = time.perf_counter() - t0
 
     # MaskedInput, for all senders at once: each client's own masks (its key agreements; a pair's
@@ -135,25 +127,20 @@ def secure_sum(
     if y is rows and dropped:
         y[sorted(dropped)] = 0  # no plaintext left where a message's memory could reach it
     t2 = time.perf_counter()
+    msgs = {}
     for c in senders:
         values = y[at[c.id]]  # a read-only view (no copy): the matrix holds only masked rows and zeros
         values.flags.writeable = False
-        msg = MaskedInput(c.id, cfg.round_id, bits, values)
-        srv.receive(msg)
-        sent[c.id] = msg.wire_nbytes
-    del y
+        msgs[c.id] = MaskedInput(c.id, cfg.round_id, bits, values)
+    request = rnd.masked(msgs)
+    del y, msgs
     timing["mask_s"] = t2 - t1
     timing["server_sum_s"] = time.perf_counter() - t2
 
     t4 = time.perf_counter()
-    request = srv.close_masked()
-    for c in clients:
-        if c.id in request.survivors and c.id not in silent:
-            msg = c.unmask(request)
-            srv.receive(msg)
-            proto[c.id] += msg.wire_nbytes
-    total = srv.finish()
+    total = rnd.unmask({c.id: c.unmask(request) for c in clients if c.id in request.survivors and c.id not in silent})
     timing["unmask_s"] = time.perf_counter() - t4
+    sent, proto = rnd.masked_bytes, rnd.protocol_bytes
 
     stats = {
         "n_clients": k,
@@ -175,12 +162,9 @@ def secure_sum(
 def exchange_keys(srv: Server, clients: list[Client]) -> dict:
     """The two key phases with every client honest: each advertises its keys, then shares its
     secrets with its neighbours; returns the server's inbox of encrypted shares per client."""
-    for c in clients:
-        srv.receive(c.advertise())
-    pub = srv.close_advertise()
-    for c in clients:
-        srv.receive(c.share_keys(pub[c.id]))
-    return srv.close_shares()
+    rnd = ServerRound(srv.cfg, server=srv)
+    pub = rnd.keys({c.id: c.advertise() for c in clients})
+    return rnd.shares({c.id: c.share_keys(pub[c.id]) for c in clients})
 
 
 def make_config(

@@ -66,7 +66,7 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
 
     import dpfl
     from dpfl.engine import checkpoint as ckpt
-    from dpfl.engine import simulator
+    from dpfl.engine import run as simulator  # the run's bookkeeping: code versions, where it ran
     from dpfl.errors import DataError
 
     cfg = tiny_config(**{"federation.rounds": 4, "run.checkpoint_every": 2})

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
+import numpy as np
 import tomli_w
 
 from dpfl.config import load_config
@@ -99,3 +101,23 @@ def held_out_counts(data: dict, w) -> dict:
         site_test_split(len(sim.fed.y_test), sim.cfg.data.n_clients, sim.cfg.seed)))
     sim.flat.load_into(sim.model, w)
     return evaluate_counts(sim.model, sim.fed.x_test[idx], sim.fed.y_test[idx], sim.fed.task)
+
+
+@contextlib.contextmanager
+def recording_words(into: dict[int, np.ndarray]):
+    """Keep each seeded client's encoded row, by cohort position, as `train.sa_train` encodes it
+    (the row is masked in the same message and never stored on the node)."""
+    from dpfl.flower import node
+
+    orig = node.encode_words
+
+    def wrap(sa, u, k, rng, index=None):
+        words, bits = orig(sa, u, k, rng, index)
+        into[index] = words[0].copy()
+        return words, bits
+
+    node.encode_words = wrap
+    try:
+        yield
+    finally:
+        node.encode_words = orig

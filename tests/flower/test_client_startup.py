@@ -1,5 +1,6 @@
-"""A ClientApp process serves one message: the phases that do not train (the secure sum's masking
-and unmasking) must import neither torch nor scipy. Each phase's handler is run in a fresh
+"""A ClientApp process serves one message: the phases that do not train (the secure sum's key
+sharing, consistency check and unmasking, the last carrying the next round's key sharing) must
+import neither torch nor scipy. Each phase's handler is run in a fresh
 interpreter on the message and node state a real round gave it, and the modules it loaded are
 listed. (Times: `dpfl bench flower`; no timed test here.)"""
 
@@ -16,6 +17,7 @@ import tomli_w
 from flower_helpers import SIGN_DP, config, loopback, require_row_contract
 
 from dpfl.config import load_config
+from dpfl.flower import wire
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
 
@@ -58,9 +60,10 @@ def _modules(tmp_path: Path, blob: bytes) -> list[str]:
 @pytest.fixture(scope="module")
 def round_messages() -> dict[str, bytes]:
     require_row_contract()
-    co, lb = loopback(config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3}), cls=Capturing)
+    co, lb = loopback(config(SIGN_DP, federation={"rounds": 2, "clients_per_round": 3}), cls=Capturing)
     co.run()
-    assert set(lb.seen) == {"query", "train.sa_train", "train.sa_mask", "train.sa_unmask", "evaluate"}
+    assert set(lb.seen) == {"query", "train.sa_keys", "train.sa_train", "train.sa_unmask", "evaluate"}
+    assert wire.NEXT_PLAN in pickle.loads(lb.seen["train.sa_unmask"])[1]  # round 1's: with round 2's key sharing
     return lb.seen
 
 
@@ -72,7 +75,7 @@ def signed_messages(tmp_path_factory) -> dict[str, bytes]:
     require_row_contract()
     pki = tmp_path_factory.mktemp("certs")
     certs.make_node_keys(pki, 3)
-    data = config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3})
+    data = config(SIGN_DP, federation={"rounds": 2, "clients_per_round": 3})
     lb = Capturing({"dpfl-config": tomli_w.dumps(data)},
                    {100 + i: {"partition-id": i, "num-partitions": 3, "dpfl-seeded": True,
                               "signing-key": str(pki / f"node-{i}"), "peers": str(pki / certs.PEERS)} for i in range(3)})
@@ -81,12 +84,12 @@ def signed_messages(tmp_path_factory) -> dict[str, bytes]:
     return lb.seen
 
 
-@pytest.mark.parametrize("kind", ["train.sa_mask", "train.sa_unmask"])
+@pytest.mark.parametrize("kind", ["train.sa_keys", "train.sa_unmask"])
 def test_the_masking_and_unmasking_phases_load_no_training_code(tmp_path, round_messages, kind):
     assert _modules(tmp_path, round_messages[kind]) == []
 
 
-@pytest.mark.parametrize("kind", ["train.sa_mask", "train.sa_consistency", "train.sa_unmask"])
+@pytest.mark.parametrize("kind", ["train.sa_keys", "train.sa_consistency", "train.sa_unmask"])
 def test_the_signed_phases_that_do_not_train_load_no_training_code(tmp_path, signed_messages, kind):
     assert _modules(tmp_path, signed_messages[kind]) == []
 

@@ -16,7 +16,7 @@ import tomli_w
 import torch
 from flower_helpers import SIGN_DP, config, held_out_counts, require_row_contract, simulate, site_files
 
-from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY
+from dpfl.engine.run import RUN_FILES, SUMMARY
 from dpfl.flower.appdir import write_app
 from dpfl.flower.local import FederationError, LocalFederation, raise_if_unfinished, run_local
 
@@ -63,7 +63,7 @@ def test_fl_sign_dp_with_secure_aggregation_over_flower_matches_the_simulator(tm
     last = res["metrics"][-1]
     assert last["fed_sites"] == 3 and last["fed_examples"] == want["n"]
     assert last["fed_accuracy"] == want["correct"] / want["n"]
-    assert {p.name for p in (tmp_path / "run" / "out").iterdir()} >= {CONFIG, METRICS, CHECKPOINT, SUMMARY}
+    assert {p.name for p in (tmp_path / "run" / "out").iterdir()} == set(RUN_FILES)  # a simulated run's files, no more
     print(f"\nstartup {res['startup_seconds']:.1f} s, run {res['run_seconds']:.1f} s, "
           f"CPU {res['cpu_seconds']:.1f} s; per round: " + ", ".join(
               f"{m['round_seconds']:.1f} s / {m['flower_up_bytes'] // 3} B up / {m['flower_down_bytes'] // 3} B down "
@@ -83,11 +83,13 @@ def _rounds(text: str) -> list[dict]:
 
 @pytest.mark.integration
 def test_three_sites_survive_a_killed_site_and_it_rejoins(tmp_path):
-    """TLS and node authentication; kill -9 of site 2's SuperNode early in round 2 (tolerate = 1):
-    the round and the run complete with the other two, ε is charged as in the simulator, and the
-    site, restarted after round 2, answers again in a later round."""
+    """TLS and node authentication; kill -9 of site 2's SuperNode once it has received round 2's
+    training message (tolerate = 1): the run completes with the other two, ε is charged as in the
+    simulator, and the site, restarted later, answers again (greeted before a round whose keys were
+    shared without it, it sits that one out). Whether its round-2 masked input got out before the
+    kill is a race: either it is in round 2's sum (then it is absent from round 3) or not."""
     require_row_contract()
-    data = config(TOLERANT, federation={"rounds": 5, "clients_per_round": 3})
+    data = config(TOLERANT, federation={"rounds": 6, "clients_per_round": 3})
     app = write_app(tmp_path / "app", tomli_w.dumps(data), out_dir=str(tmp_path / "out"), reproducible=True,
                     timeout=300)
     done: dict[str, float] = {}
@@ -108,15 +110,16 @@ def test_three_sites_survive_a_killed_site_and_it_rejoins(tmp_path):
         _stop_leftovers(tmp_path)
     rounds = _rounds(text)
     _, ref = simulate(data)
-    assert done["kill"] and "train.sa_train: node" in text and "did not answer (dropped)" in text
-    assert [m["round"] for m in rounds] == [1, 2, 3, 4, 5]
+    assert done["kill"] and "did not answer (dropped)" in text
+    assert [m["round"] for m in rounds] == [1, 2, 3, 4, 5, 6]
     assert all("aborted" not in m for m in rounds)
-    assert rounds[1]["answered"] == 2 and rounds[1]["absent"] == [2]
-    assert any(m.get("rejoined") == [2] for m in rounds[2:])
+    lost = [m["round"] for m in rounds if m["absent"] == [2]]
+    assert lost and lost[0] in (2, 3) and all(rounds[r - 1]["answered"] == 2 for r in lost)
+    assert any(m.get("rejoined") == [2] for m in rounds[lost[0]:])
     assert rounds[-1]["answered"] == 3 and rounds[-1]["absent"] == []
     assert [m["epsilon"] for m in rounds] == [m["epsilon"] for m in ref]
     summary = json.loads((tmp_path / "out" / SUMMARY).read_text())
-    assert summary["rounds_run"] == 5 and summary["rounds_aborted"] == 0
+    assert summary["rounds_run"] == 6 and summary["rounds_aborted"] == 0
     print(f"\nround seconds: {[m['round_seconds'] for m in rounds]}")
 
 

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from flower_helpers import SIGN_DP, config, loopback, require_row_contract, simulate
+from flower_helpers import SIGN_DP, config, loopback, recording_words, require_row_contract, simulate
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from dpfl.errors import ProtocolError
@@ -26,8 +26,8 @@ def test_unseeded_clients_draw_noise_the_config_seed_does_not_determine():
     b, _ = loopback(data, seeded=False)
     a.run()
     b.run()
-    assert not torch.equal(a.sim.w, b.sim.w)
-    assert not torch.equal(a.sim.w, sim.w)
+    assert not torch.equal(a.state.w, b.state.w)
+    assert not torch.equal(a.state.w, sim.w)
 
 
 class Recording(Loopback):
@@ -41,11 +41,15 @@ class Recording(Loopback):
     def __call__(self, kind, contents, timeout, quorum=None):
         failing = self.fail.get(kind, set())
         keep = {n: c for n, c in contents.items() if n not in failing}
-        out = super().__call__(kind, keep, timeout, quorum)
-        if kind == "train.sa_train":
-            for n in keep:
-                if fclient.WORDS in self.states[n]:
-                    self.words[n] = self.states[n][fclient.WORDS]["w"].numpy().copy()
+        if kind != "train.sa_train":
+            return super().__call__(kind, keep, timeout, quorum)
+        at: dict[int, np.ndarray] = {}
+        with recording_words(at):
+            out = super().__call__(kind, keep, timeout, quorum)
+        for n, c in keep.items():
+            i = wire.RoundPlan.from_record(c[wire.PLAN]).index
+            if i in at:
+                self.words[n] = at[i]
         return out  # failing nodes never answer
 
 
@@ -70,7 +74,7 @@ def test_a_client_lost_after_sharing_keys_is_recovered_and_the_sum_is_the_surviv
     require_row_contract()
     scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
     data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
-    co, lb = loopback(data, cls=Recording, fail={"train.sa_mask": {103}})
+    co, lb = loopback(data, cls=Recording, fail={"train.sa_train": {103}})
     got = _record_received(co)
     co.run()
     (rec,) = got
@@ -78,19 +82,19 @@ def test_a_client_lost_after_sharing_keys_is_recovered_and_the_sum_is_the_surviv
     bits = int(co.history[0]["step_secagg_bits"])
     expect = sum(lb.words[n].astype(np.uint64) for n in (100, 101, 102))
     assert np.array_equal(rec.total.numpy(), centred_lift(expect, bits))  # pairwise masks of 103 removed
-    assert co.sim.ledger.events  # released: the event was recorded
+    assert co.state.ledger.events  # released: the event was recorded
 
 
 def test_more_failures_than_tolerated_release_nothing():
     require_row_contract()
     scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
     data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
-    co, _ = loopback(data, cls=Recording, fail={"train.sa_mask": {102, 103}})
-    w0 = co.sim.w.clone()
+    co, _ = loopback(data, cls=Recording, fail={"train.sa_train": {102, 103}})
+    w0 = co.state.w.clone()
     co.run()
     assert "aborted" in co.history[0]
-    assert torch.equal(co.sim.w, w0)
-    assert not co.sim.ledger.events
+    assert torch.equal(co.state.w, w0)
+    assert not co.state.ledger.events
 
 
 class Replaying(Loopback):
@@ -126,7 +130,7 @@ def test_fixed_point_secure_sum_matches_bit_for_bit():
     sim, _ = simulate(data)
     co, _ = loopback(data)
     co.run()
-    assert torch.equal(co.sim.w, sim.w)
+    assert torch.equal(co.state.w, sim.w)
 
 
 class Corrupting(Loopback):
@@ -134,7 +138,7 @@ class Corrupting(Loopback):
 
     def __call__(self, kind, contents, timeout, quorum=None):
         out = super().__call__(kind, contents, timeout, quorum)
-        if kind == "train.sa_mask" and 103 in out:
+        if kind == "train.sa_train" and 103 in out:
             rec = out[103].content[wire.SECAGG]
             rec["masked"] = rec["masked"][:-1]
         return out
@@ -177,14 +181,14 @@ def test_a_client_with_wrong_shares_aborts_one_round_not_the_run():
     scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
     data = config(scheme, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 4})
     co, _ = loopback(data, cls=CheatingShares)
-    w0 = co.sim.w.clone()
+    w0 = co.state.w.clone()
     logs: list[str] = []
     co.log = logs.append
     co.run()
     assert "inconsistent shares" in co.history[0]["aborted"]
     assert "aborted" not in co.history[1] and co.history[1]["answered"] == 4
-    assert not torch.equal(co.sim.w, w0)
-    assert len(co.sim.ledger.events) == len(co.history[1:])  # only round 2 was charged
+    assert not torch.equal(co.state.w, w0)
+    assert len(co.state.ledger.events) == len(co.history[1:])  # only round 2 was charged
 
 
 class LowOrderKey(Loopback):
@@ -211,7 +215,7 @@ def test_a_small_order_key_excludes_its_client_from_that_round_only():
 
 
 class OddShape(Loopback):
-    """Node 103 claims a different row length d in its phase-1 reply."""
+    """Node 103 claims a different row length d with its masked input."""
 
     def __call__(self, kind, contents, timeout, quorum=None):
         out = super().__call__(kind, contents, timeout, quorum)
@@ -224,7 +228,8 @@ class OddShape(Loopback):
 def test_a_client_claiming_another_row_length_is_dropped_not_fatal():
     co, logs = _one_round_with_a_faulty_node(OddShape)
     assert co.history[0]["answered"] == 3 and "aborted" not in co.history[0]
-    assert any("rejected client 3" in line and "(d, b)" in line for line in logs), logs
+    # its masked input does not have the length it claims: parsed at that length, it is refused
+    assert any("rejected client 3" in line and "expected 1514 for 1211 values" in line for line in logs), logs
 
 
 # ---- one round, every driver: the simulator and the Flower loopback agree bit for bit
@@ -265,7 +270,7 @@ def test_the_simulator_and_the_flower_loopback_run_the_same_round(name):
     sim, sim_rounds = simulate(data)
     co, _ = loopback(data)
     co.run()
-    assert torch.equal(co.sim.w, sim.w)
+    assert torch.equal(co.state.w, sim.w)
     assert len(co.history) == len(sim_rounds) == 3
     for mine, ref in zip(co.history, sim_rounds):
         assert _comparable(mine) == _comparable(ref)  # accuracy, bytes, ε, the server steps' metrics
@@ -282,13 +287,13 @@ def test_an_aborted_round_is_the_same_round_in_the_simulator_and_over_flower():
     scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1, "drop_after_masking": 0.5}}
     data = config(scheme, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 4})
     sim, (ref,) = simulate(data)
-    co, _ = loopback(data, cls=Recording, fail={"train.sa_mask": {102, 103}})
-    w0 = co.sim.w.clone()
+    co, _ = loopback(data, cls=Recording, fail={"train.sa_train": {102, 103}})
+    w0 = co.state.w.clone()
     co.run()
     (mine,) = co.history
     assert "aborted" in mine and "aborted" in ref
-    assert torch.equal(co.sim.w, w0) and torch.equal(sim.w, w0)
-    assert not co.sim.ledger.events and not sim.ledger.events
+    assert torch.equal(co.state.w, w0) and torch.equal(sim.w, w0)
+    assert not co.state.ledger.events and not sim.ledger.events
     assert mine["epsilon"] == ref["epsilon"] == 0 and mine["up_bytes"] == ref["up_bytes"] == 0
     keys, ref_keys = ({k for k in m if not k.endswith("seconds")} for m in (mine, ref))
     assert keys - ref_keys <= FLOWER_ONLY and ref_keys - keys <= SIMULATOR_ONLY
@@ -305,7 +310,7 @@ def test_a_secure_round_of_one_client_aborts_in_both_drivers():
     co.run()
     (mine,) = co.history
     assert mine["aborted"] == ref["aborted"] and "≥ 2 clients" in ref["aborted"]
-    assert mine["epsilon"] == ref["epsilon"] == 0 and not co.sim.ledger.events
+    assert mine["epsilon"] == ref["epsilon"] == 0 and not co.state.ledger.events
 
 
 # ---- FSVRG's full gradient: the rows and the statistic are checked where they arrive
@@ -356,7 +361,7 @@ def test_fsvrg_clients_and_server_reject_malformed_gradients_in_one_line():
     assert any("rejected client 1" in line and "statistic: expected float32" in line for line in logs), logs
     assert any("node 102 failed: ProtocolError: statistic: 1 of its" in line and "NaN or infinite" in line
                for line in logs), logs
-    n = co.sim.flat.n
+    n = co.state.flat.n
     good, node_cfg = lb.sent[100], lb.node_configs[100]
     for change, needle in [(_set(0, -np.inf), "1 of its"),
                            (lambda g: g.astype(np.float64), f"expected float32 [{n}], got float64 [{n}]"),

@@ -21,8 +21,8 @@ def test_seeded_clients_match_the_simulator_and_report_record_epsilon():
     co, lb = loopback(data)
     co.run()
     # same samples and noise streams; padding to the cohort's largest batch only reorders float sums
-    assert torch.allclose(co.sim.w, sim.w, atol=1e-5)
-    assert not torch.equal(co.sim.w, simulate(config())[0].w)
+    assert torch.allclose(co.state.w, sim.w, atol=1e-5)
+    assert not torch.equal(co.state.w, simulate(config())[0].w)
     for mine, ref in zip(co.history, sim_rounds):
         assert mine["record_epsilon_max"] == ref["record_epsilon_max"]
         assert mine["record_epsilon_per_client"] == ref["record_epsilon_per_client"]
@@ -36,7 +36,7 @@ def test_clients_stop_training_at_their_own_record_budget():
     co, lb = loopback(config(train=DP))
     co.hello()
     first = co.step_round()
-    w1 = co.sim.w.clone()
+    w1 = co.state.w.clone()
     # the clients' own config now caps ε just above one round's cost: none trains again
     tight = config(train={**DP, "dpsgd": {**DP["dpsgd"], "target_epsilon": first["record_epsilon_max"] * 1.01}})
     lb.run_config = {"dpfl-config": tomli_w.dumps(tight)}
@@ -45,7 +45,7 @@ def test_clients_stop_training_at_their_own_record_budget():
     # the client with the largest ε refuses before spending anything; the round goes on without it
     assert min(spent.values()) == 2 and set(spent.values()) <= {2, 4}
     assert second["answered"] == sum(v == 4 for v in spent.values()) < 3
-    assert not torch.equal(co.sim.w, w1) if second["answered"] else torch.equal(co.sim.w, w1)
+    assert not torch.equal(co.state.w, w1) if second["answered"] else torch.equal(co.state.w, w1)
 
 
 def test_deployment_needs_an_explicit_noise_multiplier():

@@ -2,7 +2,7 @@
 
 Each site's registered Flower node key (EC P-384, `dpfl flower certs`) binds a per-run Ed25519
 signing key; clients check every cohort member's binding against their own peers file, sign
-their round keys and, in a fourth exchange (`train.sa_consistency`), the survivor list. A
+their round keys and, in an exchange of its own (`train.sa_consistency`), the survivor list. A
 malicious server is a Loopback that tampers with what each node receives."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
-from flower_helpers import SIGN_DP, config, require_row_contract, simulate
+from flower_helpers import SIGN_DP, config, recording_words, require_row_contract, simulate
 from flwr.app import ConfigRecord
 
 from dpfl.config import load_config
@@ -72,10 +72,11 @@ def test_a_signed_round_equals_the_unsigned_one_and_the_simulator(pki):
     unsigned.run()
     sim, _ = simulate(data)
     assert signed.signed and not unsigned.signed
-    assert kinds(lb) == ["query"] + ["train.sa_train", "train.sa_mask", "train.sa_consistency", "train.sa_unmask",
-                                     "evaluate"] * 2
+    # round 2's keys are shared with round 1's unmasking, round 1's model evaluated with round 2's training
+    assert kinds(lb) == ["query", "train.sa_keys"] + ["train.sa_train", "train.sa_consistency",
+                                                     "train.sa_unmask"] * 2 + ["evaluate"]
     assert "train.sa_consistency" not in kinds(lb0)
-    assert torch.equal(signed.sim.w, unsigned.sim.w) and torch.equal(signed.sim.w, sim.w)
+    assert torch.equal(signed.state.w, unsigned.state.w) and torch.equal(signed.state.w, sim.w)
     assert [m["answered"] for m in signed.history] == [3, 3] and signed.aborted == 0
 
 
@@ -162,12 +163,13 @@ class SplitViews(Loopback):
 
     def __call__(self, kind, contents, timeout, quorum=None):
         views = self.views()
-        if kind == "train.sa_mask":
-            self.plan = next(iter(plans(contents).values()))
+        if kind == "train.sa_train":
             for n, plan in plans(contents).items():
                 if plan.index == self.VICTIM:
                     inbox = wire.read_inbox(contents[n]["inbox"])
                     contents[n]["inbox"] = wire.inbox_record({w: inbox[w] for w in self.PARTNERS})
+        if kind in ("train.sa_unmask", "train.sa_consistency"):
+            self.plan = next(iter(plans(contents).values()))  # d and b are known from here on
         if kind == "train.sa_unmask":  # unsigned: each client its own list
             r = plans(contents)[next(iter(contents))].round
             out, pos = self._ask(kind, contents, lambda i: UnmaskRequest(r, views[i]))
@@ -183,13 +185,15 @@ class SplitViews(Loopback):
                 r, views[i], {u: s for u, s in sigs.items() if views[u] == views[i]}))
             self._keep(asked, pos)
             return out
-        out = super().__call__(kind, contents, timeout, quorum)
-        for n, plan in plans(contents).items() if kind.startswith("train.sa") else ():
+        if kind != "train.sa_train":
+            return super().__call__(kind, contents, timeout, quorum)
+        with recording_words(self.words):
+            out = super().__call__(kind, contents, timeout, quorum)
+        for n, plan in plans(contents).items():
             rep = out[n]
-            if kind == "train.sa_train" and rep.content is not None:
-                self.words[plan.index] = self.states[n][fclient.WORDS]["w"].numpy().copy()
-            if kind == "train.sa_mask" and rep.content is not None:
-                self.masked[plan.index] = wire.read_masked(rep.content[wire.SECAGG], plan.secagg["d"]).values
+            if rep.content is not None:
+                d = wire.read_shape(rep.content, True)[0]
+                self.masked[plan.index] = wire.read_masked(rep.content[wire.SECAGG], d).values
         return out
 
     def _keep(self, out, pos):
@@ -229,7 +233,7 @@ def test_split_survivor_lists_expose_an_input_unsigned_and_are_refused_signed(pk
     data = config({"name": "fl-sign-dp", "options": {"sigma": 0.5, "gamma": 0.005, "tolerate": 3}},
                   data={"n_clients": 8}, federation={"rounds": 1, "clients_per_round": 8})
     co, lb = federation(data, nodes(pki, 8, signing=range(8) if signed else ()), cls=SplitViews)
-    w0 = co.sim.w.clone()
+    w0 = co.state.w.clone()
     co.run()
     assert lb.plan.secagg["threshold"] == 5 and lb.plan.secagg["min_survivors"] == 5
     assert len(lb.masked) == 8  # the victim masked with its 4 partners (t − 1 + itself = t: accepted)
@@ -241,7 +245,7 @@ def test_split_survivor_lists_expose_an_input_unsigned_and_are_refused_signed(pk
         return
     assert not lb.answers and len(lb.refusals) == 8 and got is None
     assert all("survivors signed the list, at least 5 required" in e for e in lb.refusals.values())
-    assert "aborted" in co.history[0] and torch.equal(co.sim.w, w0) and not co.sim.ledger.events
+    assert "aborted" in co.history[0] and torch.equal(co.state.w, w0) and not co.state.ledger.events
 
 
 class Tampering(Loopback):
@@ -269,7 +273,7 @@ def _signed_run(pki, edit, scheme=SIGN_DP):
     data = config(scheme, federation={"rounds": 1})
     co, lb = federation(data, nodes(pki, 3), cls=Tampering)
     lb.edit = edit
-    w0 = co.sim.w.clone()
+    w0 = co.state.w.clone()
     co.run()
     return co, lb, w0
 
@@ -294,7 +298,7 @@ def test_a_forged_binding_is_refused_naming_the_client(pki, how):
     vk, binding = _forge(pki, how)
 
     def edit(lb, kind, contents):
-        if kind == "train.sa_train":
+        if kind == "train.sa_keys":
             for c in contents.values():
                 plan = c[wire.PLAN]
                 j = plan["cohort"].index(2)
@@ -302,16 +306,16 @@ def test_a_forged_binding_is_refused_naming_the_client(pki, how):
                 plan["sa_binding"] = [binding if i == j else b for i, b in enumerate(plan["sa_binding"])]
 
     co, lb, w0 = _signed_run(pki, edit)
-    errors = _errors(lb, "train.sa_train")
-    assert len(errors) == 3  # every client, client 2 included, refuses before it trains
+    errors = _errors(lb, "train.sa_keys")
+    assert len(errors) == 3  # every client, client 2 included, refuses before it shares keys
     assert all(e == "ProtocolError: round 1: client 2's signing key is not bound to its registered key (peers file) "
                     "for this run config: refused" for e in errors)
-    assert all(fclient.WORDS not in s and fclient.STATE not in s for s in lb.states.values())
-    assert "aborted" in co.history[0] and torch.equal(co.sim.w, w0)
+    assert all(fclient.STATE not in s for s in lb.states.values())
+    assert "aborted" in co.history[0] and torch.equal(co.state.w, w0)
 
 
 def _strip_plan(lb, kind, contents):
-    if kind == "train.sa_train":
+    if kind == "train.sa_keys":
         for c in contents.values():
             del c[wire.PLAN]["sa_vk"], c[wire.PLAN]["sa_binding"]
 
@@ -328,7 +332,7 @@ def _strip_signatures(lb, kind, contents):
 
 
 @pytest.mark.parametrize("edit,kind,why", [
-    (_strip_plan, "train.sa_train", ("round 1: an unsigned secure round, but this node signs its rounds (node config "
+    (_strip_plan, "train.sa_keys", ("round 1: an unsigned secure round, but this node signs its rounds (node config "
                                      "peers): refused")),
     (_skip_consistency, "train.sa_unmask", "round 1: phase after 'signed' requested, this client is after 'masked'"),
     (_strip_signatures, "train.sa_unmask", ": 0 survivors signed the list, at least 3 required"),
@@ -338,7 +342,7 @@ def test_a_downgrade_to_an_unsigned_round_is_refused(pki, edit, kind, why):
     errors = _errors(lb, kind)
     assert len(errors) == 3 and all(len(e.splitlines()) == 1 for e in errors)
     assert all(why in e for e in errors), errors
-    assert "aborted" in co.history[0] and torch.equal(co.sim.w, w0) and not co.sim.ledger.events
+    assert "aborted" in co.history[0] and torch.equal(co.state.w, w0) and not co.state.ledger.events
 
 
 def test_a_client_unmasks_only_the_list_it_signed(pki):
@@ -364,17 +368,18 @@ def test_a_client_unmasks_only_the_list_it_signed(pki):
 @pytest.mark.parametrize("signs", [True, False], ids=["signing", "not-signing"])
 def test_a_restarted_site_rejoins_with_a_fresh_signing_key_and_only_signing(pki, signs):
     """Site 2 is lost in round 1 (tolerate = 1) and restarts with an empty state: greeted again
-    before round 3, it takes part with a new run key bound by its node key. Restarted without
+    before round 3 (which it sits out: its keys were shared with round 2's unmasking, without it),
+    it takes part in round 4 with a new run key bound by its node key. Restarted without
     signing-key and peers, it cannot rejoin a signed run. (Unseeded sites: a fresh node secret.)"""
     require_row_contract()
     data = config({"name": "fl-sign-dp", "options": {**SIGN_DP["options"], "tolerate": 1}},
-                  federation={"rounds": 3, "clients_per_round": 3})
+                  federation={"rounds": 4, "clients_per_round": 3})
     co, lb = federation(data, nodes(pki, 3, seeded=False))
     old = {}
 
     def before(kind: str, calls: int) -> None:
         r = sum(k == "train.sa_train" for k, _ in lb.calls[:calls])
-        if kind == "train.sa_mask" and r == 1:
+        if kind == "train.sa_train" and r == 1:
             old.update(vk=co.signing[2][0])
             lb.kill(102)
         if kind == "train.sa_train" and r == 2:
@@ -385,10 +390,10 @@ def test_a_restarted_site_rejoins_with_a_fresh_signing_key_and_only_signing(pki,
     lb.before = before
     co.run()
     if signs:
-        assert [m["answered"] for m in co.history] == [2, 2, 3] and co.history[2]["rejoined"] == [2]
+        assert [m["answered"] for m in co.history] == [2, 2, 2, 3] and co.history[2]["rejoined"] == [2]
         assert co.signing[2][0] != old["vk"]
         return
-    assert [m["answered"] for m in co.history] == [2, 2, 2]
+    assert [m["answered"] for m in co.history] == [2, 2, 2, 2]
     assert any("node 102 cannot rejoin: client 2 does not sign its secure rounds, this run's are signed" in ln
                for ln in co.lines)
 

@@ -22,7 +22,7 @@ from flower_helpers import (
 )
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import CHECKPOINT, CONFIG, METRICS, SUMMARY
+from dpfl.engine.run import CHECKPOINT, METRICS, RUN_FILES, SUMMARY
 from dpfl.errors import ConfigError
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
@@ -41,21 +41,22 @@ def _federation(data: dict, **kw) -> tuple[Coordinator, Loopback]:
 
 
 def _round_of(lb: Loopback, calls: int) -> int:
-    """The round of the exchange under way: secure rounds start with train.sa_train."""
+    """The round of the exchange under way: a secure round trains in train.sa_train, once."""
     return sum(kind == "train.sa_train" for kind, _ in lb.calls[:calls])
 
 
 def test_three_sites_survive_losing_one_and_the_lost_site_rejoins():
-    """kill of site 2 in round 2, after it trained and shared its keys (tolerate = 1): round 2
-    completes with the other two, exactly their sum; the site restarts with an empty state before
-    round 3, is refused for lack of keys there, greeted again, and answers from round 4 on. ε is
+    """kill of site 2 in round 2, after it shared its keys (tolerate = 1): round 2 completes with the
+    other two, exactly their sum; the site restarts with an empty state during round 3, is refused
+    for lack of keys when round 3's unmask message asks it to share round 4's, greeted again before
+    round 4, which it sits out (its keys were shared without it), and answers from round 5 on. ε is
     charged every round as in the simulator (the noise is calibrated for one lost share)."""
     require_row_contract()
     data = config(TOLERANT, federation={"rounds": 5, "clients_per_round": 3})
     co, lb = _federation(data)
 
     def before(kind: str, calls: int) -> None:
-        if kind == "train.sa_mask" and _round_of(lb, calls) == 2:
+        if kind == "train.sa_train" and _round_of(lb, calls) == 2:
             lb.kill(102)
         if kind == "train.sa_train" and _round_of(lb, calls) == 3:
             lb.restart(102)
@@ -64,8 +65,8 @@ def test_three_sites_survive_losing_one_and_the_lost_site_rejoins():
     summary = co.run()
     _, ref = simulate(data)
     h = co.history
-    assert [m["answered"] for m in h] == [3, 2, 2, 3, 3]
-    assert [m["absent"] for m in h] == [[], [2], [2], [], []]
+    assert [m["answered"] for m in h] == [3, 2, 2, 2, 3]
+    assert [m["absent"] for m in h] == [[], [2], [2], [2], []]
     assert h[3]["rejoined"] == [2] and "rejoined" not in h[2]
     assert all("aborted" not in m for m in h) and summary["rounds_aborted"] == 0
     assert [m["epsilon"] for m in h] == [m["epsilon"] for m in ref]
@@ -75,20 +76,21 @@ def test_three_sites_survive_losing_one_and_the_lost_site_rejoins():
 
 def test_a_restarted_site_under_a_new_node_id_takes_its_client_back():
     """Without node authentication a restarted SuperNode gets a new node id: the server greets it
-    before the next round and serves its client there."""
+    before the next round, whose keys were shared without it, and serves its client from the round
+    after."""
     require_row_contract()
     data = config(TOLERANT, federation={"rounds": 3, "clients_per_round": 3})
     co, lb = _federation(data)
 
     def before(kind: str, calls: int) -> None:
-        if kind == "train.sa_mask" and _round_of(lb, calls) == 1:
+        if kind == "train.sa_train" and _round_of(lb, calls) == 1:
             lb.kill(101)
         if kind == "train.sa_unmask" and _round_of(lb, calls) == 1:
             lb.restart(101, new_id=201)
 
     lb.before = before
     co.run()
-    assert [m["answered"] for m in co.history] == [2, 3, 3]
+    assert [m["answered"] for m in co.history] == [2, 2, 3]
     assert co.history[1]["rejoined"] == [1] and co.node_of[1] == 201
 
 
@@ -113,7 +115,7 @@ def test_a_killed_server_resumes_with_its_ledger_and_ends_as_an_uninterrupted_ru
     co, lb = _federation(data, out_dir=out)
 
     def before(kind: str, calls: int) -> None:
-        if _round_of(lb, calls) == 3 and kind == "train.sa_mask":
+        if _round_of(lb, calls) == 3 and kind == "train.sa_train":
             raise Crash
 
     lb.before = before
@@ -126,16 +128,19 @@ def test_a_killed_server_resumes_with_its_ledger_and_ends_as_an_uninterrupted_ru
     with pytest.raises(ConfigError, match="differs from the one"):
         _federation(other, out_dir=out, resume=True)
     co2, _ = _federation(data, out_dir=out, resume=True)  # a new Flower run: the nodes' states are new
-    assert co2.sim.round == 2 and co2.sim.ledger.epsilon(1e-5) > 0
+    assert co2.state.round == 2 and co2.state.ledger.epsilon(1e-5) > 0
     summary = co2.run()
     sim, ref = simulate(data)
-    assert torch.equal(co2.sim.w, sim.w)
+    assert torch.equal(co2.state.w, sim.w)
     assert summary["epsilon_final"] == ref[-1]["epsilon"] and summary["rounds_run"] == 4
     lines = [json.loads(ln) for ln in (out / METRICS).read_text().splitlines()]
     assert [m["round"] for m in lines] == [1, 2, 3, 4]
+    # round 2's line was written before the crash without its federated evaluation: the resumed run's
+    # first training message carried it, and the line is complete
+    assert all(m["fed_sites"] == 3 for m in lines)
     assert [m["epsilon"] for m in lines] == [m["epsilon"] for m in ref]
     assert [m["accuracy"] for m in lines] == [m["accuracy"] for m in ref]
-    assert {p.name for p in out.iterdir()} >= {CONFIG, METRICS, CHECKPOINT, SUMMARY}
+    assert {p.name for p in out.iterdir()} == set(RUN_FILES)  # a simulated run's files, no more
     assert json.loads((out / SUMMARY).read_text())["best"]["round"] in range(1, 5)
 
 
@@ -145,12 +150,12 @@ def test_a_run_whose_rounds_all_abort_says_so():
     require_row_contract()
     data = config(SIGN_DP, federation={"rounds": 3, "clients_per_round": 3})
     co, lb = _federation(data)
-    lb.before = lambda kind, calls: lb.kill(102) if kind == "train.sa_mask" else None
+    lb.before = lambda kind, calls: lb.kill(102) if kind == "train.sa_train" else None
     summary = co.run()
     assert [m["answered"] for m in co.history] == [2, 2, 2]
     assert all("aborted" in m for m in co.history) and summary["rounds_aborted"] == 3
     assert summary["stopped"].startswith("all 3 rounds aborted")
-    assert co.sim.ledger.events == [] and summary["epsilon_final"] == 0
+    assert co.state.ledger.events == [] and summary["epsilon_final"] == 0
 
 
 def test_sites_on_their_own_files_with_federated_evaluation_match_the_simulator(tmp_path):
@@ -162,15 +167,23 @@ def test_sites_on_their_own_files_with_federated_evaluation_match_the_simulator(
     files = site_files(data, tmp_path)
     lb = Loopback({"dpfl-config": tomli_w.dumps(data)},
                   {100 + i: {"partition-id": i, "num-partitions": 3, "dpfl-seeded": True, **files[i]} for i in files})
-    co = Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lambda s: None)
+    out = tmp_path / "out"
+    co = Coordinator(load_config(data=data), lb, lb.nodes, out_dir=out, reproducible=True, log=lambda s: None)
     co.run()
     sim, ref = simulate(data)
-    assert torch.equal(co.sim.w, sim.w)
-    last = co.history[-1]
-    want = held_out_counts(data, sim.w)
-    assert last["fed_sites"] == 3 and last["fed_examples"] == want["n"]
-    assert last["fed_accuracy"] == want["correct"] / want["n"]
-    assert last["accuracy"] == ref[-1]["accuracy"]  # the server's own evaluation, as in the simulator
+    assert torch.equal(co.state.w, sim.w)
+    # two exchanges a round: round 2's keys came with round 1's unmasking, round 1's model was evaluated
+    # by the sites with round 2's training message, round 2's in an exchange of its own
+    assert [k for k, _ in lb.calls] == ["query", "train.sa_keys", "train.sa_train", "train.sa_unmask",
+                                        "train.sa_train", "train.sa_unmask", "evaluate"]
+    sim1, _ = simulate(config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3}))
+    lines = [json.loads(ln) for ln in (out / METRICS).read_text().splitlines()]
+    for m in (co.history, lines):
+        for got, w in zip(m, (sim1.w, sim.w)):
+            want = held_out_counts(data, w)
+            assert got["fed_sites"] == 3 and got["fed_examples"] == want["n"]
+            assert got["fed_accuracy"] == want["correct"] / want["n"]
+    assert co.history[-1]["accuracy"] == ref[-1]["accuracy"]  # the server's own evaluation, as in the simulator
 
 
 def test_a_site_file_the_model_cannot_take_is_one_line(tmp_path):

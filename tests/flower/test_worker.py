@@ -40,20 +40,22 @@ def _messages() -> dict[str, tuple]:
 def test_a_message_in_the_worker_equals_the_message_in_process(sockets):
     require_row_contract()
     seen = _messages()
+    after = {}
     for kind in ("query", "train.sa_train", "evaluate"):
         _, content, state, nc, rc = seen[kind]
         here, there = pickle.loads(pickle.dumps(state)), pickle.loads(pickle.dumps(state))
+        after[kind] = there
         want = HANDLERS[kind](content, here, nc, rc)
         got = worker.call(kind, content, there, nc, rc, run_id=7, node_id=100)
         assert set(got) == set(want) and set(there) == set(here)
-        if kind == "train.sa_train":  # the encoded row and the shares (seeded: the same bytes)
-            assert (there["dpfl_words"]["w"].numpy() == here["dpfl_words"]["w"].numpy()).all()
+        if kind == "train.sa_train":  # the masked input and the round's state (seeded: the same bytes)
+            assert there["dpfl_secagg"] == here["dpfl_secagg"] and there["dpfl_secagg"]["phase"] == "masked"
             assert got["secagg"] == want["secagg"]
         if kind == "evaluate":
             assert got["reply"] == want["reply"]
     _, content, state, nc, rc = seen["train.sa_train"]
-    with pytest.raises(ProtocolError, match="already took part in round 1"):  # the state came back: key used
-        worker.call("train.sa_train", content, there, nc, rc, run_id=7, node_id=100)
+    with pytest.raises(ProtocolError, match="this client is after 'masked'"):  # the state came back: phase done
+        worker.call("train.sa_train", content, after["train.sa_train"], nc, rc, run_id=7, node_id=100)
     with pytest.raises(ConfigError, match="partition-id must be an integer"):
         worker.call("query", content, state, {"partition-id": 9}, rc, run_id=7, node_id=100)
 

@@ -155,12 +155,12 @@ def test_a_seeded_in_process_deployment_equals_the_simulator():
     del no_dpsgd["train"]["dpsgd"]
     sim, rounds = _run(no_dpsgd)
     co = deployed(no_dpsgd)
-    assert torch.equal(co.sim.w, sim.w)
+    assert torch.equal(co.state.w, sim.w)
     for mine, ref in zip(co.history, rounds):
         assert mine["up_bytes"] == ref["up_bytes"] and mine["step_secagg_bits"] == ref["step_secagg_bits"]
     data = _config(federation={"rounds": 2})
     sim, rounds = _run(data)
     co = deployed(data)
-    assert torch.allclose(co.sim.w, sim.w, atol=1e-5)
+    assert torch.allclose(co.state.w, sim.w, atol=1e-5)
     assert [m["record_epsilon_max"] for m in co.history] == [m["record_epsilon_max"] for m in rounds]
     assert np.isfinite([m["accuracy"] for m in co.history]).all()
