@@ -194,7 +194,7 @@ _federations: dict[str, Any] = {}
 def federation(cfg: RunConfig):
     """The configured dataset, partitioned with the config seed exactly as the simulator does
     (kept per process: several in-process clients share one copy)."""
-    from dpfl.engine.simulator import build_federation
+    from dpfl.engine.run import build_federation
 
     key = repr((cfg.seed, cfg.data.model_dump(), cfg.run.device))
     if key not in _federations:
