@@ -344,9 +344,14 @@ class LocalClient:
                 raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it sets "
                                   "its own gradient corrections, which would bypass DP-SGD")
             d = self.cfg.train.dpsgd
-            sampler = self.seeds.crypto("round", plan.round, "dpsgd-sample", self.cid)
-            pos, weight, q = poisson_positions(np.array([self.size]), plan.steps, plan.batch, [sampler])
-            pos = pos[0]
+            if self.node.seeded:  # the simulator's draw for the whole cohort (its padding), then this client's row
+                samplers = [self.seeds.crypto("round", plan.round, "dpsgd-sample", int(c)) for c in plan.cohort]
+                pos, weight, q = poisson_positions(np.asarray(plan.sizes), plan.steps, plan.batch, samplers)
+                pos, weight, q = pos[plan.index], weight[plan.index : plan.index + 1], q[plan.index : plan.index + 1]
+            else:
+                sampler = self.seeds.crypto("round", plan.round, "dpsgd-sample", self.cid)
+                pos, weight, q = poisson_positions(np.array([self.size]), plan.steps, plan.batch, [sampler])
+                pos = pos[0]
             dp = ClientDP(d.clip, d.noise_multiplier, torch.from_numpy(weight).to(self.device),
                           torch.from_numpy(q * self.size).to(self.device),
                           [self.seeds.crypto("round", plan.round, "dpsgd-noise", self.cid)])

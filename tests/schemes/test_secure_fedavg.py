@@ -136,8 +136,7 @@ def test_a_digits_run_equals_plain_fedavg_within_fixed_point_rounding(frac_bits)
 
 def test_a_seeded_in_process_deployment_equals_the_simulator():
     """Over the deployment's messages (dpfl.flower.loopback: the ClientApp handlers, the coordinator, the
-    SecAgg phases), seeded clients give the simulator's model: bit for bit without DP-SGD, within
-    float rounding with it (a deployed client pads its DP-SGD batches to its own largest)."""
+    SecAgg phases), seeded clients give the simulator's model bit for bit, with DP-SGD and without."""
     pytest.importorskip("flwr")
     import tomli_w
 
@@ -158,9 +157,12 @@ def test_a_seeded_in_process_deployment_equals_the_simulator():
     assert torch.equal(co.state.w, sim.w)
     for mine, ref in zip(co.history, rounds):
         assert mine["up_bytes"] == ref["up_bytes"] and mine["step_secagg_bits"] == ref["step_secagg_bits"]
-    data = _config(federation={"rounds": 2})
+    # 20 DP-SGD steps, 3 rounds: a site padding its Poisson batches to its own largest (not the
+    # cohort's, as the simulator does) ended 3.3e-7 away, which the secure sum's stochastic rounding
+    # then amplifies (docs/RESULTS.md, "Deployment over Flower")
+    data = _config(federation={"rounds": 3}, train={"steps": 20})
     sim, rounds = _run(data)
     co = deployed(data)
-    assert torch.allclose(co.state.w, sim.w, atol=1e-5)
+    assert torch.equal(co.state.w, sim.w)  # seeded sites pad their DP-SGD batches as the simulator does
     assert [m["record_epsilon_max"] for m in co.history] == [m["record_epsilon_max"] for m in rounds]
     assert np.isfinite([m["accuracy"] for m in co.history]).all()
