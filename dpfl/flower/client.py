@@ -27,8 +27,8 @@ Message types (content records in `wire`):
                        test-path file, or its part of the built-in test set), as counts
 
 The secrets stay in the node's `context.state` (never sent): a 32-byte node secret from which
-each round's key (`party.round_key`) and thus `party.Party` are rebuilt, the encoded row, and the
-messages of earlier phases. Phases come in order and once each; a round key is never used for
+each round's key (`party.round_key`) and thus `party.Party` are rebuilt, and the messages of
+earlier phases (the encoded row is masked in the message that encodes it, never stored). Phases come in order and once each; a round key is never used for
 two rounds, and the round's state is deleted after unmasking, so a client never answers two
 unmask requests.
 
@@ -364,9 +364,11 @@ def sa_unmask(content: RecordDict, state: RecordDict, node_config: Mapping, run_
         reply[wire.SECAGG] = wire.unmask_record(msg)
     if wire.NEXT_PLAN in content:
         try:
+            if wire.NEXT_KEYS not in content:
+                raise ProtocolError("an unmask message with the next round's plan but not its keys")
             nxt = _share(wire.RoundPlan.from_record(content[wire.NEXT_PLAN]), content[wire.NEXT_KEYS], state,
                          node_config, run_config)
-        except (ProtocolError, ConfigError) as e:
+        except Exception as e:  # whatever fails, the unmask shares already made are sent
             if wire.SECAGG not in reply:
                 raise
             reply[wire.NEXT_ERROR] = ConfigRecord({"error": f"{type(e).__name__}: {e}"})

@@ -138,6 +138,8 @@ class Coordinator:
         self.answered: set[int] = set()  # clients whose replies were taken in the last phase the round reached
         self.aborted = 0
         self.prepared: Prepared | None = None  # the next secure round, its keys shared with this one's unmasking
+        self.unshared = 0  # a round whose key sharing failed with the previous unmask message (it aborts)
+        self.awaiting_w: torch.Tensor | None = None  # the model `awaiting`'s round released
         self.selected: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.awaiting: dict[str, Any] | None = None  # a round's metrics awaiting its federated evaluation
         self.evaluations: dict[int, dict[str, Any]] = {}  # node → its counts for the awaited round
@@ -331,6 +333,7 @@ class Coordinator:
                 m.update(st.evaluate_global())
             if self.evaluation != "server":
                 self.awaiting = m  # the sites evaluate this model with the next round's training
+                self.awaiting_w = st.w.detach().cpu().clone()  # (sites the next round does not reach: this one)
             else:
                 st.update_best(m)
         for kind, split in self.phases.items():  # per exchange: wall time, and the slowest ClientApp's split
@@ -338,9 +341,9 @@ class Coordinator:
         m["round_seconds"] = round(time.perf_counter() - t0, 4)
         return m
 
-    def evaluation_exchange(self, r: int, nodes: list[int]) -> dict[int, dict[str, Any]]:
-        """The model after round r on the held-out data of the sites at `nodes`: their counts."""
-        model = wire.vector_record(self.state.w.detach().cpu().numpy())
+    def evaluation_exchange(self, r: int, nodes: list[int], w: torch.Tensor) -> dict[int, dict[str, Any]]:
+        """The model `w` (after round r) on the held-out data of the sites at `nodes`: their counts."""
+        model = wire.vector_record(w.detach().cpu().numpy())
         replies = self.send("evaluate", {node: RecordDict({wire.MODEL: model}) for node in nodes},
                             self.quorum(len(nodes)))
         cid_of = {node: cid for cid, node in self.node_of.items()}
@@ -516,7 +519,8 @@ class Coordinator:
         for i, node in pend.node_at.items():
             rep = replies.get(node)
             if rep is not None and wire.NEXT_ERROR in rep.content:
-                self.log(f"round {r}: client {int(pend.cohort[i])} cannot join: {rep.content[wire.NEXT_ERROR]['error']}")
+                why = rep.content[wire.NEXT_ERROR].get("error")  # the client's words: logged, quoted
+                self.log(f"round {r}: client {int(pend.cohort[i])} cannot join: {str(why)[:300]!r}")
             msg = self.read(r, int(pend.cohort[i]), rep if rep is None or name in rep.content else None,
                             lambda m: wire.read_share(m[name]))
             if msg is not None:
@@ -537,6 +541,8 @@ class Coordinator:
         r, k = ctx.round, len(cohort)
         transport = self.scheme.transport
         pend, self.prepared = self.prepared, None
+        if self.unshared == r:  # its keys went out with the last unmask message, to too few: no second sharing
+            raise RoundAborted(f"round {r}: too few clients shared its keys with round {r - 1}'s unmasking")
         if pend is None:
             pend = self.keys_exchange(r, cohort, ctx.n_selected)
         elif pend.round != r or not np.array_equal(pend.cohort, cohort):
@@ -568,6 +574,8 @@ class Coordinator:
             raise RoundAborted(f"round {r}: no client answered")
         votes = Counter(shape for shape, _ in got.values())  # (d, b): the most common wins, others are rejected
         (d, bits), top = votes.most_common(1)[0]
+        if d < 1:
+            raise RoundAborted(f"round {r}: the clients' rows have length {d}")
         if list(votes.values()).count(top) > 1:
             raise RoundAborted(f"round {r}: clients disagree on (d, b): {sorted(votes)}")
         for i in [i for i, (shape, _) in got.items() if shape != (d, bits)]:
@@ -576,7 +584,10 @@ class Coordinator:
         if sa.round_bits(k) != bits:
             raise RoundAborted(f"round {r}: clients encoded at b = {bits}, the scheme needs {sa.round_bits(k)}")
         sec.update(bits=bits, d=d)
-        rnd.shape(d, bits)
+        try:
+            rnd.shape(d, bits)
+        except ConfigError as e:
+            raise RoundAborted(f"round {r}: the clients' (d, b) = {(d, bits)} cannot be summed: {e}") from None
         self.answered = {int(cohort[i]) for i in got}
         request = rnd.masked({i: msg for i, (_, msg) in got.items()})
         self.answered = {int(cohort[i]) for i in range(k) if rnd.masked_bytes[i]}
@@ -603,7 +614,8 @@ class Coordinator:
             try:
                 self.prepared = self.take_shares(nxt[0], replies, wire.NEXT_SECAGG)
             except RoundAborted as e:
-                self.log(f"round {r + 1}: its keys were not shared with round {r}'s unmasking ({e}); shared again")
+                self.unshared = r + 1  # its keys are used once: round r + 1 releases nothing
+                self.log(f"round {r + 1}: its keys were not shared with round {r}'s unmasking ({e})")
         msgs = {i: self.read(r, int(cohort[i]), replies.get(node_at[i]), lambda m: wire.read_unmask(m[wire.SECAGG]))
                 for i in asked}
         self.answered = {int(cohort[i]) for i, m in msgs.items() if m is not None}
@@ -661,7 +673,7 @@ class Coordinator:
             return None
         missing = sorted(set(self.node_of.values()) - set(self.evaluations))
         if missing:
-            self.evaluations.update(self.evaluation_exchange(m["round"], missing))
+            self.evaluations.update(self.evaluation_exchange(m["round"], missing, self.awaiting_w))
         m.update(self.fed_metrics(self.evaluations))
         self.evaluations = {}
         self.state.update_best(m)
@@ -684,6 +696,7 @@ class Coordinator:
             self.log(self.state.accounting_note())
         total, first = self.cfg.federation.rounds, self.state.round + 1
         self.awaiting = self._unevaluated()
+        self.awaiting_w = self.state.w.detach().cpu().clone() if self.awaiting is not None else None
         while self.state.round < total:
             try:
                 m = self.step_round()

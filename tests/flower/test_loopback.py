@@ -371,3 +371,68 @@ def test_fsvrg_clients_and_server_reject_malformed_gradients_in_one_line():
             fclient.train_plain(_with_statistic(good, change), RecordDict(), node_cfg, lb.run_config)
         assert "\n" not in str(e.value)
     assert wire.PAYLOAD in fclient.train_plain(good, RecordDict(), node_cfg, lb.run_config)  # the message as sent
+
+
+def test_sites_outside_the_next_cohort_evaluate_the_model_of_the_awaited_round():
+    """4 sites, 3 a round (federated evaluation): the sites the next round's training message does
+    not reach are asked in an exchange of their own, with the model of the round being evaluated,
+    not the one the next round has released since."""
+    from flower_helpers import held_out_counts
+
+    require_row_contract()
+    fixed = {"sampling_assumption": "poisson"}  # a fixed cohort of 3 of 4, accounted as Poisson
+    data = config(SIGN_DP, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 3}, privacy=fixed)
+    co, lb = loopback(data)
+    co.evaluation = "federated"
+    co.run()
+    sim1, _ = simulate(config(SIGN_DP, data={"n_clients": 4}, federation={"rounds": 1, "clients_per_round": 3},
+                              privacy=fixed))
+    sim2, _ = simulate(data)
+    assert torch.equal(co.state.w, sim2.w)
+    assert "evaluate" in [k for k, _ in lb.calls[:-1]]  # round 1's fourth site, during round 2
+    for m, w in zip(co.history, (sim1.w, sim2.w)):
+        want = held_out_counts(data, w)
+        assert m["fed_sites"] == 4 and m["fed_examples"] == want["n"]
+        assert m["fed_accuracy"] == want["correct"] / want["n"]
+        assert m["fed_loss"] == pytest.approx(want["loss_sum"] / want["n"], rel=1e-9)  # sites' sums: other order
+
+
+class BadNextError(Loopback):
+    """Node 103 answers round 1's unmask message with a next-round error record that has no text."""
+
+    def __call__(self, kind, contents, timeout, quorum=None):
+        out = super().__call__(kind, contents, timeout, quorum)
+        if kind == "train.sa_unmask" and 103 in out and out[103].content is not None:
+            from flwr.app import ConfigRecord
+
+            out[103].content[wire.NEXT_ERROR] = ConfigRecord({"x": 1})
+        return out
+
+
+def test_a_malformed_next_round_error_is_logged_not_fatal():
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 4})
+    co, _ = loopback(data, cls=BadNextError)
+    logs: list[str] = []
+    co.log = logs.append
+    co.run()
+    assert [m["answered"] for m in co.history] == [4, 4]
+    assert any("client 3 cannot join: 'None'" in line for line in logs), logs
+
+
+def test_a_round_whose_keys_too_few_shared_aborts_without_sharing_them_twice():
+    """tolerate = 0: node 102 is lost as round 1's unmask message goes out (it carries round 2's key
+    sharing). Round 1 completes from the others' shares; round 2's keys reached too few: round 2
+    aborts at once (its keys are used once: no second sharing), round 3 shares afresh and aborts
+    for lack of the lost site."""
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 3, "clients_per_round": 3})
+    co, lb = loopback(data)
+    lb.before = lambda kind, calls: lb.kill(102) if kind == "train.sa_unmask" else None
+    co.run()
+    assert "aborted" not in co.history[0]
+    assert "too few clients shared its keys with round 1's unmasking" in co.history[1]["aborted"]
+    kinds = [k for k, _ in lb.calls if k != "evaluate"]  # (round 1's evaluation: round 2 sent nothing)
+    assert kinds[:5] == ["query", "train.sa_keys", "train.sa_train", "train.sa_unmask", "train.sa_keys"]
+    assert kinds.count("train.sa_keys") == 2  # rounds 1 and 3, never round 2
