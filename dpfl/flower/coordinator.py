@@ -671,7 +671,10 @@ class Coordinator:
         m, self.awaiting = self.awaiting, None
         if m is None:
             return None
-        missing = sorted(set(self.node_of.values()) - set(self.evaluations))
+        listed = getattr(self.exchange, "connected", None)
+        live = set(listed()) if listed else set(self.node_of.values())
+        # the sites that were not asked yet; not those lost this round (an exchange would wait for them)
+        missing = sorted((set(self.node_of.values()) & live) - set(self.evaluations) - self.silent - self.erred)
         if missing:
             self.evaluations.update(self.evaluation_exchange(m["round"], missing, self.awaiting_w))
         m.update(self.fed_metrics(self.evaluations))

@@ -436,3 +436,24 @@ def test_a_round_whose_keys_too_few_shared_aborts_without_sharing_them_twice():
     kinds = [k for k, _ in lb.calls if k != "evaluate"]  # (round 1's evaluation: round 2 sent nothing)
     assert kinds[:5] == ["query", "train.sa_keys", "train.sa_train", "train.sa_unmask", "train.sa_keys"]
     assert kinds.count("train.sa_keys") == 2  # rounds 1 and 3, never round 2
+
+
+def test_a_lost_site_is_not_asked_again_to_evaluate():
+    """A site lost during round 2's training message is not sent an evaluation exchange of its own
+    (over Flower it would be waited for): the round's federated metrics count the sites that answered."""
+    require_row_contract()
+    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
+    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 3, "clients_per_round": 4})
+    co, lb = loopback(data)
+    state = {}
+
+    def before(kind, calls):
+        if kind == "train.sa_train" and sum(k == "train.sa_train" for k, _ in lb.calls) == 2:
+            lb.kill(103)
+            state["at"] = calls
+
+    lb.before = before
+    co.run()
+    after = lb.calls[state["at"]:]
+    assert not any(kind == "evaluate" and 103 in nodes for kind, nodes in after), after
+    assert [m["fed_sites"] for m in co.history] == [3, 3, 3] and [m["answered"] for m in co.history] == [4, 3, 3]
