@@ -309,7 +309,8 @@ def sa_train(content: RecordDict, state: RecordDict, node_config: Mapping, run_c
     party = Party(rc, plan.index, round_key(state[NODE]["secret"], plan.round), None if signing is None else signing[0])
     msg = party.masked(_stored_keys(st), inbox, words[0])
     st["phase"], st["d"], st["bits"] = "masked", d, bits
-    st["inbox_ids"], st["inbox_ct"] = wire.inbox_record(inbox)["ids"], wire.inbox_record(inbox)["ct"]
+    rec = wire.inbox_record(inbox)
+    st["inbox_ids"], st["inbox_ct"] = rec["ids"], rec["ct"]
     reply = RecordDict({wire.SECAGG: wire.masked_record(msg), wire.REPLY: ConfigRecord({"d": d, "bits": bits})})
     return wire.with_evaluation(reply, c.evaluated)
 

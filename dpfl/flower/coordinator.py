@@ -84,7 +84,6 @@ class Prepared:
     node_at: dict[int, int]  # position → node
     sec: dict[str, Any]  # the plan's secure-sum configuration (d = b = 0 until the masked inputs)
     rnd: ServerRound
-    n_selected: int
     inbox: dict[int, dict[int, bytes]] | None = None
 
 
@@ -507,8 +506,7 @@ class Coordinator:
         rnd = ServerRound(rc, workers=default_workers(),
                           on_reject=lambda i, why: self.log(f"round {r}: rejected client {int(cohort[i])}: {why}"))
         neighbour_keys = rnd.keys(adv)
-        pend = Prepared(r, cohort.copy(), {i: self.node_of[int(c)] for i, c in enumerate(cohort)}, sec, rnd,
-                        n_selected)
+        pend = Prepared(r, cohort.copy(), {i: self.node_of[int(c)] for i, c in enumerate(cohort)}, sec, rnd)
         parts = {i: {"plan": self.plan(r, n_selected, cohort, i, sec), "keys": wire.keys_record(neighbour_keys[i])}
                  for i in sorted(neighbour_keys)}
         return pend, parts
