@@ -236,7 +236,7 @@ def row_order(table: str) -> list[str]:
 def _tables() -> list[str]:
     from dpfl.experiments.reproduce import list_tables
 
-    return sorted(list_tables(), key=lambda t: tuple(int(x) if x.isdigit() else x
+    return sorted(list_tables(), key=lambda t: tuple((0, int(x), "") if x.isdigit() else (1, 0, x)
                                                    for x in re.split(r"[.-]", t.removeprefix("table-"))))
 
 

@@ -250,3 +250,15 @@ def test_every_committed_miss_has_a_reading_or_says_why_not():
         _, entries, _ = pub.table_entries(records, table, tables[table])
         misses |= {(table, e["row"]) for e in entries if e["acct"] is None and pub._miss(e)}
     assert {(t, r) for t, r in listed} >= misses and len(misses) == 29
+
+
+def test_the_plan_orders_every_table_thesis_and_not():
+    """`best plan` sorts the tables by number; a table named otherwise (correlated-noise) sorts last,
+    not a TypeError."""
+    from dpfl.experiments import best
+    from dpfl.experiments.reproduce import list_tables
+
+    order = best._tables()
+    assert sorted(order) == sorted(list_tables())
+    assert order.index("table-4.1") < order.index("table-4.2") < order.index("table-6.10")
+    assert order.index("table-6.3-fmnist") < order.index("table-6.10") < order.index("correlated-noise")

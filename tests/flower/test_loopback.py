@@ -253,6 +253,13 @@ SAME_ROUND = {
                                                             "clip_init": 0.05, "clip_lr": 0.5}},
     "adaptive-central-fl-std-dp": {"name": "fl-std-dp", "options": {
         "sigma": 0.8, "clip": "adaptive", "clip_count_sigma": 1.0, "noise": "central"}},
+    # correlated noise: DP-FTRL's tree with distributed shares (each client continues its own earlier
+    # shares), BandMF with central noise on a cyclic participation schema (issue 41)
+    "tree-fl-std-dp": {"name": "fl-std-dp", "options": {"sigma": 0.8, "clip": 0.5, "correlated": "tree"}},
+    "bandmf-central-fl-std-dp": ({"name": "fl-std-dp", "options": {"sigma": 0.8, "clip": 0.5, "correlated": "bandmf",
+                                                                  "bands": 2, "noise": "central"}},
+                                 {"data": {"n_clients": 4}, "federation": {"participation": "cyclic", "groups": 2,
+                                                                           "clients_per_round": 2}}),
     "feddyn": {"name": "feddyn", "options": {"alpha": 0.1}},
     "fsvrg": {"name": "fsvrg", "options": {"h": 1.0, "batch_size": 64}},  # + the full-gradient exchange
     "sub-fedavg": {"name": "sub-fedavg", "options": {"sparsity": 0.5, "prune_rate": 0.3, "personal_eval": 50}},
@@ -266,7 +273,8 @@ def _comparable(m: dict) -> dict:
 @pytest.mark.parametrize("name", sorted(SAME_ROUND))
 def test_the_simulator_and_the_flower_loopback_run_the_same_round(name):
     require_row_contract()
-    data = config(SAME_ROUND[name], data={"public_size": 64})
+    scheme, sections = SAME_ROUND[name] if isinstance(SAME_ROUND[name], tuple) else (SAME_ROUND[name], {})
+    data = config(scheme, **{**sections, "data": {"public_size": 64, **sections.get("data", {})}})
     sim, sim_rounds = simulate(data)
     co, _ = loopback(data)
     co.run()
