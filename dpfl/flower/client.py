@@ -118,7 +118,7 @@ def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_conf
     reply = ConfigRecord({"cid": c.cid, "size": c.size, "describe": c.scheme.describe(), "seeded": c.node.seeded})
     if c.scheme.transport.secure:
         if NODE not in state:
-            state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0})
+            state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0, "first_round": 0})
         keys = round_public_keys(state[NODE]["secret"], c.cfg.federation.rounds)
         reply["enc_pk"], reply["mask_pk"] = [k[0] for k in keys], [k[1] for k in keys]
         files = certs.signing_files(node_config)
@@ -166,10 +166,29 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
         log.info("client %d: record-level ε = %.4g after round %d", c.cid, eps, plan.round)
     if c.scheme.client_state and CLIENT_STATE in state:
         c.load_client_state({k: a.numpy() for k, a in state[CLIENT_STATE].items()})
+    _redrawn_noise(c, state, plan.round)
     u, ctx = c.update(plan, w, stat)
     if c.scheme.client_state:
         state[CLIENT_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in c.client_state().items()})
     return c, plan, u, ctx
+
+
+def _redrawn_noise(c, state: RecordDict, r: int) -> None:
+    """Distributed correlated noise draws some of a client's noise again in later rounds (DP-FTRL's
+    tree nodes): those streams are keyed from the node secret, which must be the one it had in round 1
+    (a restarted site made a new one: its share cannot continue the run's noise, so it is refused)."""
+    from dpfl.flower.node import OsSeeds
+    from dpfl.rng import derive_key
+
+    if c.node.seeded or not any(getattr(s, "name", "") == "correlated_noise" and s.noise == "distributed"
+                                for s in c.scheme.steps):
+        return
+    node = state.get(NODE)
+    if node is None or node.get("first_round", 0) != 1:
+        raise ProtocolError(f"round {r}: this site's secret is not the one it had in round 1 (it was restarted): "
+                            "its share of the correlated noise cannot continue the run's, which draws round 1's "
+                            "noise again; it takes no further part")
+    c.seeds = OsSeeds(derive_key(node["secret"], "correlated-noise"))
 
 
 def statistic(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
@@ -248,6 +267,8 @@ def _round_key(state: RecordDict, r: int) -> bytes:
     if r <= node["last_round"]:
         raise ProtocolError(f"round {r}: this client already took part in round {node['last_round']}; "
                             "a round's keys are used once")
+    if node["last_round"] == 0:
+        node["first_round"] = r  # the first round this secret served (`_redrawn_noise`)
     node["last_round"] = r
     return round_key(node["secret"], r)
 

@@ -39,12 +39,23 @@ from dpfl.secagg.protocol import RoundConfig
 
 
 class OsSeeds(Seeds):
-    """`Seeds` for deployment: a root from the OS, and every crypto stream OS-keyed (256 bits)."""
+    """`Seeds` for deployment: a root from the OS, and every crypto stream OS-keyed (256 bits), except
+    the streams that correlated noise draws again in later rounds (DP-FTRL's tree nodes: `REDRAWN`):
+    those are keyed from one 256-bit secret `key`, so that a node drawn again is the same draw (fresh
+    draws would void the tree's accounting). `key`: from the OS unless given (a site derives it from
+    its node secret; the server keeps it in its checkpoint)."""
 
-    def __init__(self) -> None:
+    REDRAWN = ("dp-mf", "dp-mf-share")  # CorrelatedNoiseStep's paths (server, client)
+
+    def __init__(self, key: bytes | None = None) -> None:
         super().__init__(int.from_bytes(os.urandom(8), "little") >> 1)
+        self.key = os.urandom(32) if key is None else key
+        if not isinstance(self.key, bytes) or len(self.key) != 32:
+            raise ValueError("OsSeeds key must be 32 bytes")
 
     def crypto(self, *path: object) -> CryptoRNG:
+        if path and path[0] in self.REDRAWN:
+            return CryptoRNG(key=derive_key(self.key, "crypto", *path))
         return CryptoRNG()
 
 
