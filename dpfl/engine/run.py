@@ -230,6 +230,7 @@ class Run:
         self.stopped_reason: str | None = None
         self._setup_done = False
         self._data_record: dict[str, str] | None = None
+        self.noise_key: bytes | None = None  # a resumed deployed server's key for redrawn noise (its checkpoint)
 
     def _scheme_env(self) -> dict[str, Any]:
         return scheme_env(self.cfg, sum(p.numel() for p in self.model.parameters()))
@@ -479,7 +480,8 @@ class Run:
                 "ledger": None if self.ledger is None else self.ledger.state_dict(),
                 "record": None if self.record is None else self.record.state_dict(),
                 "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason,
-                "sigmas": self.sigmas(), "data": self.data_record(), "code": self.code}
+                "sigmas": self.sigmas(), "data": self.data_record(), "code": self.code,
+                "noise_key": getattr(self.seeds, "key", None)}  # a deployed server's (dpfl.flower.node.OsSeeds)
 
     def save_checkpoint(self) -> None:
         ckpt.save(self.state_dict(), self.out / CHECKPOINT)
@@ -515,6 +517,9 @@ class Run:
             self.cum = {k: type(v)(st["cum"][k]) for k, v in self.cum.items()}
             self.best = st["best"]
             self.stopped_reason = st.get("stopped")
+            self.noise_key = st.get("noise_key")
+            if self.noise_key is not None and (not isinstance(self.noise_key, bytes) or len(self.noise_key) != 32):
+                raise ValueError("'noise_key' must be 32 bytes")
             # a new part when other code, or another device or CPU, runs the rest (unknown where: code alone)
             here = self.code[0]["ran_on"]  # this process's part, set in __init__
             last = {k: v for k, v in was[-1].items() if k not in ("from_round", "ran_on")} if was else None

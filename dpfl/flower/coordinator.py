@@ -92,6 +92,12 @@ Exchange = Callable[..., dict[int, Reply]]
 get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
 
 
+def _redraws(scheme: Any) -> bool:
+    """The server draws some noise again in later rounds (central DP-FTRL tree noise)."""
+    return any(getattr(s, "name", "") == "correlated_noise" and s.noise == "central" and s.mf.name == "tree"
+               for s in scheme.steps)
+
+
 class Coordinator:
     """One deployed run. `Coordinator(cfg, exchange, nodes).run()`."""
 
@@ -118,7 +124,11 @@ class Coordinator:
                                   "resume = true, `dpfl flower local --resume`) or choose another out-dir")
             self.state = Run(cfg, self.out, log)
         if not reproducible:  # selection, server-side ties and central noise from the OS
-            self.state.seeds = OsSeeds()
+            if resume and self.state.noise_key is None and _redraws(self.state.scheme):
+                raise ConfigError(f"{self.out}'s checkpoint holds no server noise key (the run was reproducible), "
+                                  "but its central correlated noise draws earlier rounds' noise again: resume it "
+                                  "reproducible")
+            self.state.seeds = OsSeeds(self.state.noise_key)  # a resumed run goes on with its key
         self.state.setup()
         self.scheme = self.state.scheme
         if self.scheme.transport.drop_after_masking:

@@ -5,9 +5,15 @@ accounting assumes (and the printed ε is not the ε the data got)."""
 
 from __future__ import annotations
 
+import pytest
+import tomli_w
 import torch
-from flower_helpers import config, loopback, require_row_contract, simulate
+from flower_helpers import config, loopback, node_configs, require_row_contract, simulate
 
+from dpfl.config import load_config
+from dpfl.errors import ConfigError
+from dpfl.flower.coordinator import Coordinator
+from dpfl.flower.loopback import Loopback
 from dpfl.flower.node import OsSeeds
 from dpfl.privacy.correlated import TreeNoise
 from dpfl.privacy.factorization import build
@@ -15,6 +21,7 @@ from dpfl.privacy.factorization import build
 ROUNDS = 4
 # noise far above the updates (σ = 20, S = 0.5): the model's move is almost all noise
 TREE = {"name": "fl-std-dp", "options": {"sigma": 20.0, "clip": 0.5, "correlated": "tree"}}
+CENTRAL_TREE = {"name": "fl-std-dp", "options": {**TREE["options"], "noise": "central"}}
 
 
 def _moved_var(w: torch.Tensor, w0: torch.Tensor) -> float:
@@ -79,3 +86,51 @@ def test_a_restarted_site_cannot_continue_distributed_tree_noise():
     assert done and "aborted" not in co.history[0]
     assert all("aborted" in m for m in co.history[1:]), co.history
     assert any("not the one it had in round 1" in line for line in logs), logs
+
+
+class Crash(Exception):
+    """The ServerApp process dies (kill -9)."""
+
+
+def _server(data: dict, **kw):
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)}, node_configs(data["data"]["n_clients"], seeded=False))
+    return Coordinator(load_config(data=data), lb, lb.nodes, reproducible=False, log=lambda s: None, **kw), lb
+
+
+def test_a_resumed_server_goes_on_with_its_tree_noise(tmp_path):
+    """Central tree noise on OS randomness, the server killed after round 2 of 4 and resumed: the
+    checkpoint keeps its noise key, so rounds 3-4 cancel rounds 1-2's nodes as the tree does (a new
+    key would leave 5 independent draws in the prefix sum of 4 rounds instead of 1)."""
+    require_row_contract()
+    data = config(CENTRAL_TREE, federation={"rounds": ROUNDS, "clients_per_round": 3}, run={"checkpoint_every": 1})
+    out = tmp_path / "run"
+    co, lb = _server(data, out_dir=out)
+    w0, key = co.state.w.clone(), co.state.seeds.key
+
+    def crash_in_round_3(kind: str, calls: int) -> None:
+        if kind == "train" and co.state.round == 2:
+            raise Crash
+
+    lb.before = crash_in_round_3
+    with pytest.raises(Crash):
+        co.run()
+    co2, _ = _server(data, out_dir=out, resume=True)
+    assert co2.state.round == 2 and co2.state.seeds.key == key
+    co2.run()
+    sim, _ = simulate(data)
+    ratio = _moved_var(co2.state.w, w0) / _moved_var(sim.w, w0)
+    assert 0.7 < ratio < 1.5, ratio
+
+
+def test_a_reproducible_run_resumed_on_os_randomness_with_tree_noise_is_refused(tmp_path):
+    require_row_contract()
+    data = config(CENTRAL_TREE, federation={"rounds": ROUNDS, "clients_per_round": 3}, run={"checkpoint_every": 1})
+    out = tmp_path / "run"
+    lb2 = Loopback({"dpfl-config": tomli_w.dumps(data)}, node_configs(3))
+    co = Coordinator(load_config(data=data), lb2, lb2.nodes, out_dir=out, reproducible=True,  # no key
+                     log=lambda s: None)
+    lb2.before = lambda kind, calls: (_ for _ in ()).throw(Crash) if co.state.round == 2 else None
+    with pytest.raises(Crash):
+        co.run()
+    with pytest.raises(ConfigError, match="holds no server noise key"):
+        _server(data, out_dir=out, resume=True)
