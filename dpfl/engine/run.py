@@ -76,16 +76,29 @@ class Federation:
     def record(self) -> dict[str, str]:
         """Which data this is: the resolved dataset, its source, and a SHA-256 of the arrays and the
         client partition (what a resumed run must see again)."""
-        h = hashlib.sha256()
-        arrays = [self.x, self.y, self.x_test, self.y_test, *(self.public or ())]
-        for t in arrays:
-            t = t.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+        h = hash_tensors([self.x, self.y, self.x_test, self.y_test, *(self.public or ())])
         for c in self.clients:
             h.update(np.ascontiguousarray(c, dtype=np.int64).data)
             h.update(b";")
         return {"dataset": self.dataset, "source": self.source, "sha256": h.hexdigest()}
+
+
+def hash_tensors(tensors: list[torch.Tensor]) -> Any:
+    """A SHA-256 (hashlib object) of the tensors' dtypes, shapes and bytes, in order."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+    return h
+
+
+def sites_record(sites: dict[int, str]) -> dict[str, Any]:
+    """The data record of a server that holds no data: each site's own hash (its hello's), and one
+    SHA-256 of them all."""
+    by_id = {str(c): h for c, h in sorted(sites.items())}
+    return {"dataset": "sites", "source": "each site's own data; the server loads none",
+            "sha256": hashlib.sha256(json.dumps(by_id).encode()).hexdigest(), "sites": by_id}
 
 
 def build_federation(cfg: RunConfig, seeds: Seeds) -> Federation:
@@ -177,10 +190,15 @@ def is_run_dir(out: Path) -> bool:
 
 
 class Run:
-    """One federated run's state and bookkeeping (module docstring); `Simulation` trains its clients."""
+    """One federated run's state and bookkeeping (module docstring); `Simulation` trains its clients.
+
+    `data=False`: a deployed server that evaluates on the sites only (evaluation = "federated")
+    loads no dataset: `fed` is None, the sites check their data against the model, a scheme that
+    needs data on the server is refused at setup, the best round is the best `fed_accuracy`, and
+    the data record holds the sites' hashes (`sites`, filled from their hellos)."""
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, log: Callable[[str], None] = print,
-                 overwrite: bool = False, *, _resuming: bool = False):
+                 overwrite: bool = False, *, data: bool = True, _resuming: bool = False):
         self.cfg = cfg
         self.out = Path(out_dir) if out_dir else None
         self.log = log
@@ -198,14 +216,20 @@ class Run:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         keep_freed_memory()
-        self.fed = build_federation(cfg, self.seeds)
+        self.fed: Federation | None = build_federation(cfg, self.seeds) if data else None
+        self.sites: dict[int, str] = {}  # client id → its data hash (a deployment's hello)
+        if cfg.eval.metric not in (None, "accuracy") and self.fed is None:
+            raise ConfigError(f"eval.metric = {cfg.eval.metric!r} needs the server's evaluation; the sites' "
+                              "(evaluation = 'federated') gives fed_accuracy: use 'accuracy', or evaluation = "
+                              "'server' or 'both'")
         if cfg.eval.metric not in (None, "accuracy") and self.fed.task != "binary":
             raise ConfigError(f"eval.metric = {cfg.eval.metric!r} exists for binary tasks only; "
                               f"{self.fed.dataset or cfg.data.dataset} is {self.fed.task}: use 'accuracy'")
         from dpfl.models import build_model
 
         self.model = build_model(cfg.model.name, seed=self.seeds.seed("model"), **cfg.model.options).to(self.device)
-        self._check_model_takes_data()
+        if self.fed is not None:  # else each site checks its own data
+            self._check_model_takes_data()
         env = self._scheme_env()
         self.scheme: Scheme = configured_scheme(cfg, env)
         self.attack = None
@@ -218,7 +242,8 @@ class Run:
         tc.update(self.scheme.train_overrides)
         self.local = LocalTraining(**tc)
         mode = "auto"
-        self.trainer = Trainer(self.model, self.fed.task, self.local, mode=mode, max_cohort=cfg.run.max_cohort)
+        task = self.fed.task if self.fed is not None else "multiclass"  # (a server without data never trains)
+        self.trainer = Trainer(self.model, task, self.local, mode=mode, max_cohort=cfg.run.max_cohort)
         self.flat = self.trainer.flat
         self.w = self.flat.flatten(self.model).to(self.device)
         self.ledger = None
@@ -247,10 +272,23 @@ class Run:
 
             self.record = RecordAccountant(self.cfg.data.n_clients, self.record_sigma)
         ctx = SetupContext(n_params=n, seeds=self.seeds, device=self.device, initial_params=self.w.clone(),
-                           model=self.model, trainer=self.trainer, public_data=self.fed.public,
+                           model=self.model, trainer=self.trainer, public_data=None if self.fed is None else self.fed.public,
                            clients=self.fed, n_clients=self.cfg.data.n_clients,
                            cohort_size=self.cfg.cohort_size(), ledger=self.ledger)
+        what = self._server_data_use() if self.fed is None else None
+        if what:
+            raise ConfigError(f"{what} needs data on the server, which loads none with evaluation = 'federated': "
+                              "use evaluation = 'server' or 'both'")
         self.scheme.setup(ctx)
+
+    def _server_data_use(self) -> str | None:
+        """The option that makes the scheme's setup take data on the server, as the config names it."""
+        for s in self.scheme.steps:
+            if getattr(s, "selector", None) is not None:  # a ClipStep choosing its bound
+                return f"scheme.options.clip = {self.cfg.scheme.options.get('clip', 'auto')!r} (a bound chosen from data)"
+            if s.name == "topk" and s.indices is None:
+                return f"scheme {self.cfg.scheme.name!r} (its Top-K set comes from public data)"
+        return None
 
     def _make_ledger(self):
         if not self.scheme.private:
@@ -344,7 +382,7 @@ class Run:
         return Accounting(self.ledger, p.target_epsilon, p.delta, self.epsilon_sampling())
 
     def update_best(self, m: dict[str, Any]) -> None:
-        key = _best_metric(self.cfg, self.fed.task)
+        key = _best_metric(self.cfg, self.fed.task) if self.fed is not None else "fed_accuracy"
         v = m.get(key)
         if v is None or (isinstance(v, float) and np.isnan(v)):
             return
@@ -353,11 +391,15 @@ class Run:
                     "cum_up_bytes_per_client", "cum_down_bytes_per_client",
                     "formula_up_bytes_per_client", "formula_down_bytes_per_client",
                     "source_accuracy", "attack_success", "step_up_bits_per_value")
+            if self.fed is None:
+                keep += ("fed_accuracy", "fed_loss", "fed_examples", "fed_sites")
             self.best = {k: m[k] for k in keep if k in m}
             self.best["metric"] = key
 
-    def data_record(self) -> dict[str, str]:
-        """`Federation.record()` of this run's data (computed once)."""
+    def data_record(self) -> dict[str, Any]:
+        """`Federation.record()` of this run's data (computed once); without data, `sites_record`."""
+        if self.fed is None:
+            return sites_record(self.sites)
         if self._data_record is None:
             self._data_record = self.fed.record()
         return self._data_record
@@ -416,8 +458,9 @@ class Run:
             self._fresh = False
         d = self.data_record()
         source = d["source"].replace("\n", " ")
+        sites = "".join(f"# site {c}: sha256 {h}\n" for c, h in d.get("sites", {}).items())
         ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), "
-                                           f"sha256 {d['sha256']}\n" + dump_config(self.cfg))
+                                           f"sha256 {d['sha256']}\n" + sites + dump_config(self.cfg))
 
     def write_round(self, m: dict[str, Any]) -> None:
         """Round m's metrics line, and a checkpoint every run.checkpoint_every rounds and at the last."""
@@ -451,7 +494,7 @@ class Run:
     def summary(self) -> dict[str, Any]:
         return {"machine": machine(self.device), "code": self.code, "name": self.cfg.name, "scheme": self.scheme.name,
                 "describe": self.scheme.describe(),
-                "dataset": self.fed.source, "data": self.data_record(), "n_params": self.flat.n,
+                "dataset": self.data_record()["source"], "data": self.data_record(), "n_params": self.flat.n,
                 "rounds_run": self.round,
                 "best": self.best, "stopped": self.stopped_reason,
                 "epsilon_final": None if self.ledger is None else self.ledger.epsilon(self.cfg.privacy.delta),
@@ -532,9 +575,10 @@ class Run:
 
     @classmethod
     def resume(cls, out_dir: str | Path, log: Callable[[str], None] = print, rounds: int | None = None,
-               allow_recalibration: bool = False, resources: dict[str, Any] | None = None) -> Self:
+               allow_recalibration: bool = False, resources: dict[str, Any] | None = None, data: bool = True) -> Self:
         """Continue the run in `out_dir` from its checkpoint (optionally to `rounds` rounds in total;
-        `resources`: this process's run.threads / device / max_cohort / checkpoint_every, else the run's).
+        `resources`: this process's run.threads / device / max_cohort / checkpoint_every, else the run's;
+        `data=False`: a server without data, whose `sites` then hold the recorded site hashes to check).
 
         Refuses (DpflError) a checkpoint that is not plain data or is corrupt, data that differ from
         the run's, fewer rounds than already run, and a noise multiplier σ that changed (e.g. one that
@@ -562,14 +606,20 @@ class Run:
             except ValidationError as e:
                 err = e.errors()[0]
                 raise ConfigError(f"run.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-        sim = cls(cfg, out, log, _resuming=True)
+        sim = cls(cfg, out, log, data=data, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
         was, now = st.get("data"), sim.data_record()
-        if was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
+        if not data:
+            sites = was.get("sites") if isinstance(was, dict) else None
+            if isinstance(sites, dict) and all(isinstance(c, str) and c.isdigit() and isinstance(h, str) for c, h in sites.items()):
+                sim.sites = {int(c): h for c, h in sites.items()}
+            else:
+                log(f"note: {out / CHECKPOINT} records no site data hashes: the sites' data cannot be checked")
+        elif was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
             raise DataError(f"{out}: the data differ from the run's: it used {was.get('dataset')} "
                             f"(sha256 {str(was.get('sha256'))[:12]}), now {now['dataset']} (sha256 "
                             f"{now['sha256'][:12]}); refusing to resume on other data")
-        if was is None:
+        if was is None and data:
             log(f"note: {out / CHECKPOINT} predates data records: the data could not be checked")
         planned = load_config(out / CONFIG).federation.rounds
         old = st.get("sigmas")

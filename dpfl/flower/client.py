@@ -2,7 +2,8 @@
 
 Message types (content records in `wire`):
 
-    query              hello: client id, data size, the scheme it built; for secure schemes also
+    query              hello: client id, data size, the SHA-256 of its training and held-out arrays,
+                       the scheme it built; for secure schemes also
                        its two X25519 public keys of every round (advertised ahead of time) and,
                        on a signing node, its Ed25519 key of the run, that key's binding to the
                        registered node key, and its signatures of the round keys
@@ -115,7 +116,8 @@ def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_conf
     if c.node.seeded:
         log.warning("client %d: dpfl-seeded = true: its randomness comes from the config seed, reproducible "
                     "and NOT private (tests only)", c.cid)
-    reply = ConfigRecord({"cid": c.cid, "size": c.size, "describe": c.scheme.describe(), "seeded": c.node.seeded})
+    reply = ConfigRecord({"cid": c.cid, "size": c.size, "describe": c.scheme.describe(), "seeded": c.node.seeded,
+                          "data_sha256": c.data_hash()})
     if c.scheme.transport.secure:
         if NODE not in state:
             state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0, "first_round": 0})

@@ -50,7 +50,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from dpfl.config import RunConfig
 from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, Run
-from dpfl.errors import BudgetExceededError, ConfigError, ProtocolError
+from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.flower import certs, wire
 from dpfl.flower.client import SHARE_SHAPE
 from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg, round_values
@@ -63,7 +63,8 @@ from dpfl.secagg.rounds import ServerRound
 from dpfl.secagg.simulate import make_config
 
 # where the global model is evaluated: on the server's test data (metrics accuracy, loss, ...), on
-# each site's held-out data added up (fed_accuracy, fed_loss, fed_examples, fed_sites), or both
+# each site's held-out data added up (fed_accuracy, fed_loss, fed_examples, fed_sites), or both;
+# "federated" alone: the server loads no dataset (`Run(data=False)`)
 EVALUATION = ("server", "federated", "both")
 
 
@@ -122,7 +123,7 @@ class Coordinator:
             if self.out and (self.out / CHECKPOINT).exists():
                 raise ConfigError(f"{self.out} already holds a deployed run with a checkpoint; resume it (run config "
                                   "resume = true, `dpfl flower local --resume`) or choose another out-dir")
-            self.state = Run(cfg, self.out, log)
+            self.state = Run(cfg, self.out, log, data=evaluation != "federated")  # federated only: no data
         if not reproducible:  # selection, server-side ties and central noise from the OS
             if resume and self.state.noise_key is None and _redraws(self.state.scheme):
                 raise ConfigError(f"{self.out}'s checkpoint holds no server noise key (the run was reproducible), "
@@ -136,6 +137,7 @@ class Coordinator:
         self.nodes = list(nodes)
         self.node_of: dict[int, int] = {}
         self.sizes = np.zeros(cfg.data.n_clients, dtype=np.int64)
+        self.hashes: dict[int, str] = {}  # client → its data hash, as its last hello said
         self.round_keys: dict[int, list[tuple[bytes, bytes]]] = {}  # client → (enc, mask) public keys per round
         self.signing: dict[int, tuple[bytes, bytes, list[bytes]]] = {}  # client → (Ed25519 key, binding, key sigs)
         self.signed: bool | None = None  # secure rounds are signed (decided at the hello)
@@ -161,7 +163,7 @@ class Coordinator:
             raise ConfigError("resume needs the run's out-dir (run config out-dir)")
         if not (self.out / CHECKPOINT).is_file():
             raise ConfigError(f"{self.out} holds no {CHECKPOINT} to resume from")
-        st = Run.resume(self.out, log)
+        st = Run.resume(self.out, log, data=self.evaluation != "federated")
         if st.cfg.model_dump() != cfg.model_dump():
             raise ConfigError(f"the run config differs from the one {self.out} was started with ({CONFIG}); "
                               "a resume continues the same run")
@@ -173,8 +175,9 @@ class Coordinator:
     def hello(self) -> None:
         """Learn which client each node holds and its data size; check they built the same scheme.
         Every listed node is asked: a node that does not answer, or answers with an error or a
-        hello the checks refuse (a stale id a SuperLink database still lists, a key not in peers),
-        is left out and logged; each client must then be held by exactly one node."""
+        hello the checks refuse (a stale id a SuperLink database still lists, a key not in peers, data
+        other than the run recorded), is left out and logged; each client must then be held by exactly
+        one node. The run records each client's data hash (the summary's, without server data)."""
         n = self.cfg.data.n_clients
         if len(self.nodes) < n:
             raise ConfigError(f"{len(self.nodes)} nodes connected but data.n_clients = {n}: one node per client")
@@ -187,7 +190,7 @@ class Coordinator:
                 continue
             try:
                 cid, is_seeded = self._greet(node, rep.content)
-            except (ProtocolError, ConfigError) as e:
+            except (ProtocolError, ConfigError, DataError) as e:
                 if len(self.nodes) == n:
                     raise  # no spare node: the run cannot start
                 left[node] = str(e)
@@ -204,6 +207,8 @@ class Coordinator:
             why = "; ".join(f"node {node} {why}" for node, why in left.items())
             raise ProtocolError(f"no node answered the hello for clients {missing} ({why})")
         self.node_of = {cid: v[0] for cid, v in sorted(claims.items())}
+        for cid in self.node_of:  # the run's record of the sites' data (a resumed run's stays)
+            self.state.sites.setdefault(cid, self.hashes[cid])
         self.signed = self._signing_policy()
         if self.reproducible and seeded != {True}:
             self.log("note: reproducible server but unseeded clients: results will not match the simulator")
@@ -222,12 +227,17 @@ class Coordinator:
         return bool(signing)
 
     def _greet(self, node: int, content: RecordDict) -> tuple[int, bool]:
-        """One node's hello: (client id, seeded); its data size, round keys and signing key are kept."""
+        """One node's hello: (client id, seeded); its data size, data hash, round keys and signing key are
+        kept. Data whose hash differs from the one the run recorded for that client are refused."""
         n = self.cfg.data.n_clients
         h = wire.read_hello(content, self.cfg.federation.rounds, self.scheme.transport.secure)
         cid = h["cid"]
         if not 0 <= cid < n:
             raise ConfigError(f"node {node} claims partition-id {cid}: ids must be in [0, {n})")
+        was = self.state.sites.get(cid)
+        if was is not None and h["data"] != was:
+            raise DataError(f"client {cid}'s data differ from the run's (sha256 {h['data'][:12]}, the run recorded "
+                            f"{was[:12]}): refused")
         if h["describe"] != self.scheme.describe():
             raise ConfigError(f"client {cid} built {h['describe']!r}, the server {self.scheme.describe()!r}: "
                               "configs differ")
@@ -249,7 +259,7 @@ class Coordinator:
                 and certs.check_binding(self.peers[cid], signing[1], self.config_text, cid, signing[0])):
             raise ProtocolError(f"node {node} claims client {cid} without a binding by that site's key in the "
                                 "server's peers file: refused")
-        self.sizes[cid], self.round_keys[cid] = h["size"], h["keys"]
+        self.sizes[cid], self.round_keys[cid], self.hashes[cid] = h["size"], h["keys"], h["data"]
         return cid, h["seeded"]
 
     def rejoin(self, r: int) -> list[int]:
@@ -271,7 +281,7 @@ class Coordinator:
                 continue
             try:
                 cid, _ = self._greet(node, rep.content)
-            except (ProtocolError, ConfigError) as e:
+            except (ProtocolError, ConfigError, DataError) as e:
                 self.log(f"round {r}: node {node} cannot rejoin: {e}")
                 continue
             old = self.node_of.get(cid)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from dpfl.config import RunConfig
-from dpfl.engine.run import configured_scheme, first_output, scheme_env
+from dpfl.engine.run import configured_scheme, first_output, hash_tensors, scheme_env
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.flower.certs import signing_files
@@ -186,17 +186,25 @@ def site_data(path: str, node: NodeSettings, cfg: RunConfig, model: torch.nn.Mod
     from dpfl.data import load_site_data
     site = load_site_data(path, label_column=node.label_column, shape=node.data_shape, scale=node.data_scale,
                           like=cfg.data.dataset)
+    check_takes(path, site.x, site.y, site.task, cfg, model)
+    return site
+
+
+def check_takes(what: str, x: torch.Tensor, y: torch.Tensor, task: str, cfg: RunConfig, model: torch.nn.Module) -> None:
+    """The model takes an example of `x`, and the labels `y` are classes it predicts; one DataError
+    line naming `what` otherwise."""
+    if not len(y):
+        return
     try:
-        out = first_output(model, site.x[:1])
+        out = first_output(model, x[:1])
     except RuntimeError as e:
-        raise DataError(f"{path}: model {cfg.model.name!r} does not take its examples (shape "
-                        f"{list(site.x.shape[1:])}): {str(e).splitlines()[0]}") from None
+        raise DataError(f"{what}: model {cfg.model.name!r} does not take its examples (shape "
+                        f"{list(x.shape[1:])}): {str(e).splitlines()[0]}") from None
     binary = out.shape[-1] == 1
     classes = 2 if binary else int(out.shape[-1])
-    if int(site.y.max()) >= classes or (site.task == "binary") != binary:
-        raise DataError(f"{path}: labels {int(site.y.min())}..{int(site.y.max())} ({site.task}), the model predicts "
+    if int(y.max()) >= classes or (task == "binary") != binary:
+        raise DataError(f"{what}: labels {int(y.min())}..{int(y.max())} ({task}), the model predicts "
                         f"{'a binary label' if binary else f'{classes} classes'}")
-    return site
 
 
 _federations: dict[str, Any] = {}
@@ -264,6 +272,8 @@ class LocalClient:
             fed = federation(cfg)
             idx = torch.from_numpy(fed.clients[self.cid]).to(fed.x.device)
             self.x, self.y, task, public = fed.x[idx], fed.y[idx], fed.task, fed.public
+            check_takes(f"client {self.cid}'s part of {fed.dataset or cfg.data.dataset}", self.x, self.y, task, cfg,
+                        model)  # (a server without data does not check it)
         self.x, self.y = self.x.to(self.device), self.y.to(self.device)
         self.size = len(self.y)
         self.task = task
@@ -298,6 +308,12 @@ class LocalClient:
 
         idx = torch.from_numpy(site_test_split(len(fed.y_test), self.cfg.data.n_clients, self.cfg.seed)[self.cid])
         return fed.x_test[idx].to(self.device), fed.y_test[idx].to(self.device)
+
+    def data_hash(self) -> str:
+        """SHA-256 of this site's training and held-out arrays as loaded (its hello sends it; the run
+        records it and a resumed run checks it)."""
+        held_out = [] if self.x_test is None else [self.x_test, self.y_test]
+        return hash_tensors([self.x, self.y, *held_out]).hexdigest()
 
     def evaluate(self, w: torch.Tensor) -> dict[str, float | int]:
         """The global model `w` on this site's held-out data: counts the server can add up

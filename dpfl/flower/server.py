@@ -11,7 +11,8 @@ with `flwr run --run-config 'key=value'`):
     timeout        seconds to wait for each phase's replies (a client that misses it has dropped)
     node-wait      seconds to wait for data.n_clients SuperNodes to connect
     evaluation     server | federated | both (default): the global model on the server's test data,
-                   on every site's held-out data (its test-path file) added up, or both
+                   on every site's held-out data (its test-path file) added up, or both; with
+                   federated the server loads no dataset (a scheme that needs data there is refused)
     peers          the operator-approved site keys (peers.toml, on the SuperLink machine): a site must
                    sign with the key listed for its partition id, or it is refused ("" = no check)
     resume         continue the run in out-dir from its checkpoint.pt (model, scheme state, privacy

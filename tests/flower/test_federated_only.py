@@ -1,0 +1,112 @@
+"""evaluation = "federated": the server loads no dataset; the sites evaluate, and the run records
+their data hashes (in process, over the loopback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+from flower_helpers import SIGN_DP, config, held_out_counts, require_row_contract, simulate, site_files
+
+import dpfl.data
+from dpfl.config import load_config
+from dpfl.engine import checkpoint as ckpt
+from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, RUN_FILES, SUMMARY
+from dpfl.errors import ConfigError, DataError
+from dpfl.flower.coordinator import Coordinator
+from dpfl.flower.loopback import Loopback
+from dpfl.flower.node import LocalClient, NodeSettings
+
+
+def _sites(data: dict, files: dict[int, dict]) -> Loopback:
+    return Loopback({"dpfl-config": tomli_w.dumps(data)},
+                    {100 + i: {"partition-id": i, "num-partitions": 3, "dpfl-seeded": True, **files[i]} for i in files})
+
+
+def _no_dataset(monkeypatch) -> None:
+    def refuse(*a, **k):
+        raise AssertionError("the server loaded a dataset")
+
+    monkeypatch.setattr(dpfl.data, "load_dataset", refuse)
+
+
+def test_a_federated_only_server_loads_no_data_and_ends_as_the_simulator(tmp_path, monkeypatch):
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 3, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    sim, _ = simulate(data)
+    cfg = load_config(data=data)
+    hashes = {str(i): LocalClient(cfg, NodeSettings(i, f["data-path"], True, f["test-path"],
+                                                    data_shape=f.get("data-shape"))).data_hash()
+              for i, f in files.items()}
+    _no_dataset(monkeypatch)
+    out = tmp_path / "out"
+    co = Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                     log=lambda s: None, evaluation="federated")
+    summary = co.run()
+    monkeypatch.undo()
+    assert co.state.fed is None
+    assert torch.equal(co.state.w, sim.w)
+    lines = [json.loads(ln) for ln in (out / METRICS).read_text().splitlines()]
+    assert [m["round"] for m in lines] == [1, 2, 3]
+    for m in lines:
+        assert m["fed_sites"] == 3 and m["fed_examples"] > 0 and "fed_loss" in m
+        assert "accuracy" not in m and "loss" not in m  # no server-side evaluation
+    want = held_out_counts(data, sim.w)
+    assert lines[-1]["fed_accuracy"] == want["correct"] / want["n"]
+    best = max(lines, key=lambda m: m["fed_accuracy"])
+    assert summary["best"]["metric"] == "fed_accuracy" and summary["best"]["round"] == best["round"]
+    assert summary["best"]["fed_accuracy"] == best["fed_accuracy"]
+    assert len(set(hashes.values())) == 3 and summary["data"]["sites"] == hashes
+    assert json.loads((out / SUMMARY).read_text())["data"] == summary["data"] == ckpt.load(out / CHECKPOINT)["data"]
+    head = (out / CONFIG).read_text()
+    assert all(f"# site {i}: sha256 {h}\n" in head for i, h in hashes.items())
+    assert {p.name for p in out.iterdir()} == set(RUN_FILES)
+
+
+def test_a_resumed_federated_run_refuses_a_site_whose_data_changed(tmp_path, monkeypatch):
+    require_row_contract()
+    data = config(SIGN_DP, federation={"rounds": 2, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    cfg = load_config(data=data)
+    _no_dataset(monkeypatch)
+    out = tmp_path / "out"
+    Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                log=lambda s: None, evaluation="federated").run()
+    recorded = json.loads((out / SUMMARY).read_text())["data"]
+
+    def resume() -> dict:
+        return Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                           log=lambda s: None, resume=True, evaluation="federated").run()
+
+    test = Path(files[1]["test-path"])  # site 1's held-out file changes: one example fewer
+    kept = test.read_bytes()
+    with np.load(test) as f:
+        np.savez(test, x=f["x"][1:], y=f["y"][1:])
+    with pytest.raises(DataError, match=r"^client 1's data differ from the run's \(sha256 [0-9a-f]{12}, the run "
+                                        r"recorded [0-9a-f]{12}\): refused$"):
+        resume()
+    test.write_bytes(kept)
+    assert resume()["data"] == recorded  # the same data again: the run goes on
+
+
+@pytest.mark.parametrize("scheme, option", [
+    ({"name": "fl-std-dp", "options": {"sigma": 1.0}}, "scheme.options.clip = 'auto'"),
+    ({"name": "fl-std-dp", "options": {"sigma": 1.0, "clip": "private"}}, "scheme.options.clip = 'private'"),
+    ({"name": "fl-top", "options": {"ratio": 0.1}}, "scheme 'fl-top' (its Top-K set"),
+    ({"name": "fl-top-dp", "options": {"sigma": 1.0}}, "scheme 'fl-top-dp' (its Top-K set"),
+])
+def test_a_scheme_that_needs_server_data_is_refused_in_one_line(scheme, option, monkeypatch):
+    data = config(scheme, data={"public_size": 50})  # (FL-TOP's public set, on a server with data)
+    _no_dataset(monkeypatch)
+    with pytest.raises(ConfigError) as e:
+        Coordinator(load_config(data=data), lambda *a, **k: {}, [100, 101, 102], evaluation="federated")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(option) and "needs data on the server" in msg
+    assert msg.endswith("use evaluation = 'server' or 'both'")
+    monkeypatch.undo()
+    Coordinator(load_config(data=data), lambda *a, **k: {}, [100, 101, 102], evaluation="both")  # with data: as before
