@@ -606,9 +606,13 @@ class Run:
             except ValidationError as e:
                 err = e.errors()[0]
                 raise ConfigError(f"run.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        was = st.get("data")
+        if isinstance(was, dict) and ("sites" in was) == data:  # the server's data came or went
+            held = "no data (evaluation = 'federated')" if data else "data (evaluation = 'server' or 'both')"
+            raise ConfigError(f"{out} was run by a server holding {held}; resume it with the same evaluation")
         sim = cls(cfg, out, log, data=data, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
-        was, now = st.get("data"), sim.data_record()
+        now = sim.data_record()
         if not data:
             sites = was.get("sites") if isinstance(was, dict) else None
             if isinstance(sites, dict) and all(isinstance(c, str) and c.isdigit() and isinstance(h, str) for c, h in sites.items()):

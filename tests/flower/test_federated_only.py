@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
-from flower_helpers import SIGN_DP, config, held_out_counts, require_row_contract, simulate, site_files
+from flower_helpers import (
+    SIGN_DP,
+    config,
+    held_out_counts,
+    node_configs,
+    require_row_contract,
+    simulate,
+    site_files,
+)
 
 import dpfl.data
 from dpfl.config import load_config
@@ -92,6 +100,27 @@ def test_a_resumed_federated_run_refuses_a_site_whose_data_changed(tmp_path, mon
         resume()
     test.write_bytes(kept)
     assert resume()["data"] == recorded  # the same data again: the run goes on
+    with pytest.raises(ConfigError, match=r"was run by a server holding no data \(evaluation = 'federated'\); "
+                                          r"resume it with the same evaluation$"):
+        Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                    log=lambda s: None, resume=True, evaluation="both")  # (refused before loading data)
+
+
+def test_a_run_whose_server_held_data_is_not_resumed_without(tmp_path):
+    data = config(federation={"rounds": 1, "clients_per_round": 3})
+    cfg, out = load_config(data=data), tmp_path / "out"
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)}, node_configs(3))
+    Coordinator(cfg, lb, lb.nodes, out_dir=out, reproducible=True, log=lambda s: None, evaluation="both").run()
+    with pytest.raises(ConfigError, match=r"was run by a server holding data \(evaluation = 'server' or 'both'\); "
+                                          r"resume it with the same evaluation$"):
+        Coordinator(cfg, lambda *a, **k: {}, [100, 101, 102], out_dir=out, resume=True, evaluation="federated")
+
+
+def test_a_best_metric_other_than_accuracy_needs_the_servers_evaluation(monkeypatch):
+    _no_dataset(monkeypatch)
+    with pytest.raises(ConfigError, match=r"^eval.metric = 'balanced_accuracy' needs the server's evaluation"):
+        Coordinator(load_config(data=config(eval={"metric": "balanced_accuracy"})), lambda *a, **k: {},
+                    [100, 101, 102], evaluation="federated")
 
 
 @pytest.mark.parametrize("scheme, option", [
