@@ -70,7 +70,7 @@ def save(state: dict[str, Any], path: str | Path) -> None:
     """Write `state` to `path` atomically: a temporary file, fsync, rename. A crash leaves the old file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # it may hold a noise key
         torch.save({"format": FORMAT, **to_plain(state)}, f)
         f.flush()
         os.fsync(f.fileno())

@@ -256,6 +256,7 @@ class Run:
         self._setup_done = False
         self._data_record: dict[str, str] | None = None
         self.noise_key: bytes | None = None  # a resumed deployed server's key for redrawn noise (its checkpoint)
+        self.checkpoint_every = cfg.run.checkpoint_every  # a deployed server: every round (Coordinator)
 
     def _scheme_env(self) -> dict[str, Any]:
         return scheme_env(self.cfg, sum(p.numel() for p in self.model.parameters()))
@@ -468,7 +469,7 @@ class Run:
             return
         with open(self.out / METRICS, "a") as f:
             f.write(json.dumps(m) + "\n")
-        if self.round % self.cfg.run.checkpoint_every == 0 or self.round == self.cfg.federation.rounds:
+        if self.round % self.checkpoint_every == 0 or self.round == self.cfg.federation.rounds:
             self.save_checkpoint()
 
     def rewrite_round(self, m: dict[str, Any]) -> None:
@@ -524,7 +525,7 @@ class Run:
                 "record": None if self.record is None else self.record.state_dict(),
                 "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason,
                 "sigmas": self.sigmas(), "data": self.data_record(), "code": self.code,
-                "noise_key": getattr(self.seeds, "key", None)}  # a deployed server's (dpfl.flower.node.OsSeeds)
+                "noise_key": self.noise_key}  # a deployed server's key for redrawn noise (Coordinator)
 
     def save_checkpoint(self) -> None:
         ckpt.save(self.state_dict(), self.out / CHECKPOINT)

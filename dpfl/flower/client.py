@@ -40,6 +40,7 @@ refuses an unsigned secure round (no downgrade).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -153,6 +154,7 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
 
     c = local_client(node_config, run_config)
     plan = wire.RoundPlan.from_record(content[wire.PLAN])
+    _redrawn_noise(c, state, plan.round, run_config)  # before anything is spent
     w = torch.from_numpy(wire.read_vector(content, c.n).copy()).to(c.device)
     c.evaluated = c.evaluate(w) if wire.wants_evaluation(content) else None  # the last round's model, first
     stat = None
@@ -168,17 +170,17 @@ def _train(content: RecordDict, state: RecordDict, node_config: Mapping, run_con
         log.info("client %d: record-level ε = %.4g after round %d", c.cid, eps, plan.round)
     if c.scheme.client_state and CLIENT_STATE in state:
         c.load_client_state({k: a.numpy() for k, a in state[CLIENT_STATE].items()})
-    _redrawn_noise(c, state, plan.round)
     u, ctx = c.update(plan, w, stat)
     if c.scheme.client_state:
         state[CLIENT_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in c.client_state().items()})
     return c, plan, u, ctx
 
 
-def _redrawn_noise(c, state: RecordDict, r: int) -> None:
+def _redrawn_noise(c, state: RecordDict, r: int, run_config: Mapping) -> None:
     """Distributed correlated noise draws some of a client's noise again in later rounds (DP-FTRL's
-    tree nodes): those streams are keyed from the node secret, which must be the one it had in round 1
-    (a restarted site made a new one: its share cannot continue the run's noise, so it is refused)."""
+    tree nodes): those streams are keyed from the node secret and the run's config (Flower keeps a
+    node's state across the runs of a series), and the secret must be the one it had in round 1 (a
+    restarted site made a new one: its share cannot continue the run's noise, so it is refused)."""
     from dpfl.flower.node import OsSeeds
     from dpfl.rng import derive_key
 
@@ -187,10 +189,11 @@ def _redrawn_noise(c, state: RecordDict, r: int) -> None:
         return
     node = state.get(NODE)
     if node is None or node.get("first_round", 0) != 1:
-        raise ProtocolError(f"round {r}: this site's secret is not the one it had in round 1 (it was restarted): "
-                            "its share of the correlated noise cannot continue the run's, which draws round 1's "
-                            "noise again; it takes no further part")
-    c.seeds = OsSeeds(derive_key(node["secret"], "correlated-noise"))
+        raise ProtocolError(f"round {r}: this site's secret did not serve round 1 (it was restarted, or missed "
+                            "round 1): its share of the correlated noise cannot continue the run's, which draws "
+                            "round 1's noise again; it takes no further part")
+    run = hashlib.sha256(run_config_text(run_config).encode()).hexdigest()
+    c.seeds = OsSeeds(derive_key(node["secret"], "correlated-noise", run))
 
 
 def statistic(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:

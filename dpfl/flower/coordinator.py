@@ -93,6 +93,10 @@ Exchange = Callable[..., dict[int, Reply]]
 get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
 
 
+def _distributed_correlated(scheme: Any) -> bool:
+    return any(getattr(s, "name", "") == "correlated_noise" and s.noise == "distributed" for s in scheme.steps)
+
+
 def _redraws(scheme: Any) -> bool:
     """The server draws some noise again in later rounds (central DP-FTRL tree noise)."""
     return any(getattr(s, "name", "") == "correlated_noise" and s.noise == "central" and s.mf.name == "tree"
@@ -124,12 +128,26 @@ class Coordinator:
                 raise ConfigError(f"{self.out} already holds a deployed run with a checkpoint; resume it (run config "
                                   "resume = true, `dpfl flower local --resume`) or choose another out-dir")
             self.state = Run(cfg, self.out, log, data=evaluation != "federated")  # federated only: no data
+        every = cfg.run.checkpoint_every
+        if "checkpoint_every" in cfg.run.model_fields_set and every != 1:
+            raise ConfigError(f"run.checkpoint_every = {every} does not apply to a deployed run, which checkpoints "
+                              "every round (a round released after the last checkpoint would be released again on "
+                              "resume, its noise uncounted): remove it")
+        self.state.checkpoint_every = 1
+        if resume and _distributed_correlated(self.state.scheme):
+            raise ConfigError("a run with distributed correlated noise cannot be resumed over Flower: the sites' "
+                              "states (the secrets their noise shares continue from) end with the Flower run")
+        if resume and reproducible and self.state.noise_key is not None:
+            raise ConfigError(f"{self.out} ran on OS randomness (its checkpoint holds a noise key): resuming it "
+                              "reproducible would draw the rest of its noise from the public config seed")
         if not reproducible:  # selection, server-side ties and central noise from the OS
             if resume and self.state.noise_key is None and _redraws(self.state.scheme):
                 raise ConfigError(f"{self.out}'s checkpoint holds no server noise key (the run was reproducible), "
                                   "but its central correlated noise draws earlier rounds' noise again: resume it "
                                   "reproducible")
             self.state.seeds = OsSeeds(self.state.noise_key)  # a resumed run goes on with its key
+            if _redraws(self.state.scheme):  # kept in the checkpoint (mode 0600) only where it is needed
+                self.state.noise_key = self.state.seeds.key
         self.state.setup()
         self.scheme = self.state.scheme
         if self.scheme.transport.drop_after_masking:

@@ -11,6 +11,8 @@ import torch
 from flower_helpers import config, loopback, node_configs, require_row_contract, simulate
 
 from dpfl.config import load_config
+from dpfl.engine import checkpoint as ckpt
+from dpfl.engine.run import CHECKPOINT
 from dpfl.errors import ConfigError
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
@@ -85,7 +87,7 @@ def test_a_restarted_site_cannot_continue_distributed_tree_noise():
     co.run()
     assert done and "aborted" not in co.history[0]
     assert all("aborted" in m for m in co.history[1:]), co.history
-    assert any("not the one it had in round 1" in line for line in logs), logs
+    assert any("did not serve round 1" in line for line in logs), logs
 
 
 class Crash(Exception):
@@ -134,3 +136,43 @@ def test_a_reproducible_run_resumed_on_os_randomness_with_tree_noise_is_refused(
         co.run()
     with pytest.raises(ConfigError, match="holds no server noise key"):
         _server(data, out_dir=out, resume=True)
+
+
+def test_a_deployed_run_checkpoints_every_round_and_refuses_another_interval(tmp_path):
+    """A round released after the last checkpoint would be released again on resume, with its noise
+    uncounted (and, for the tree, the same noise on another aggregate): a deployed server checkpoints
+    every round, and an explicit run.checkpoint_every other than 1 is one line."""
+    require_row_contract()
+    data = config(CENTRAL_TREE, federation={"rounds": 3, "clients_per_round": 3})  # default interval: 10
+    co, lb = _server(data, out_dir=tmp_path / "a")
+    rounds = []
+    lb.before = lambda kind, calls: rounds.append(ckpt.load(tmp_path / "a" / CHECKPOINT)["round"]) \
+        if kind == "train" and co.state.round else None
+    co.run()
+    assert rounds == [1, 2]  # round r's checkpoint is on disk before round r + 1's message leaves
+    assert (tmp_path / "a" / CHECKPOINT).stat().st_mode & 0o077 == 0  # it holds the noise key
+    bad = config(CENTRAL_TREE, federation={"rounds": 3, "clients_per_round": 3}, run={"checkpoint_every": 2})
+    with pytest.raises(ConfigError, match="does not apply to a deployed run"):
+        _server(bad, out_dir=tmp_path / "b")
+
+
+def test_resumes_that_would_break_the_noise_are_refused(tmp_path):
+    """Distributed correlated noise lives in the sites' states, which end with the Flower run; a run
+    on OS randomness resumed reproducible would draw its remaining noise from the public seed."""
+    require_row_contract()
+    data = config(TREE, federation={"rounds": ROUNDS, "clients_per_round": 3})
+    co, lb = _server(data, out_dir=tmp_path / "d")
+    lb.before = lambda kind, calls: (_ for _ in ()).throw(Crash) if co.state.round == 2 else None
+    with pytest.raises(Crash):
+        co.run()
+    with pytest.raises(ConfigError, match="distributed correlated noise cannot be resumed"):
+        _server(data, out_dir=tmp_path / "d", resume=True)
+    central = config(CENTRAL_TREE, federation={"rounds": ROUNDS, "clients_per_round": 3})
+    co, lb = _server(central, out_dir=tmp_path / "c")
+    lb.before = lambda kind, calls: (_ for _ in ()).throw(Crash) if co.state.round == 2 else None
+    with pytest.raises(Crash):
+        co.run()
+    lb2 = Loopback({"dpfl-config": tomli_w.dumps(central)}, node_configs(3))
+    with pytest.raises(ConfigError, match="resuming it reproducible"):
+        Coordinator(load_config(data=central), lb2, lb2.nodes, out_dir=tmp_path / "c", reproducible=True,
+                    resume=True, log=lambda s: None)
