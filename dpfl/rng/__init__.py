@@ -13,6 +13,7 @@ import hashlib
 import math
 import os
 import struct
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -143,18 +144,21 @@ class CryptoRNG:
 
             gaussian_rows([self], out.view(1, -1), std)
             return out
-        return gaussian_cpu(self.words_reader(), out, std)
+        return gaussian_cpu(self.words_reader(_scratch("words", 8 * _CHUNK + 15, np.uint8)), out, std)
 
-    def words_reader(self):
-        """f(m) -> the next m 64-bit words as int64 (a view of a reused buffer up to _CHUNK words)."""
-        zeros = np.zeros(8 * _CHUNK, dtype=np.uint8)
-        buf = np.empty(8 * _CHUNK + 15, dtype=np.uint8)  # update_into wants block size - 1 spare bytes
+    def words_reader(self, buf: np.ndarray | None = None):
+        """f(m) -> the next m 64-bit words as int64 (a view of a reused buffer up to _CHUNK words:
+        `buf`, uint8, 64-byte aligned, 8 * _CHUNK + 15 bytes or more, else a new one)."""
+        zeros = _zeros(8 * _CHUNK)
+        if buf is None:
+            buf = _aligned(8 * _CHUNK + 15)  # update_into wants block size - 1 spare bytes
+        words = buf[: min(8 * _CHUNK, (buf.size - 15) // 8 * 8)].view(np.int64)
 
         def read(m: int) -> np.ndarray:
-            if m > _CHUNK:
+            if m > words.size:
                 return self.uint64(m).view(np.int64)
             self._fill(zeros[: 8 * m], buf)
-            return buf[: 8 * m].view(np.int64)
+            return words[:m]
 
         return read
 
@@ -179,6 +183,45 @@ class CryptoRNG:
         return (out[:n] % np.uint64(bound)).astype(np.int64)
 
 
+_zero_bytes = np.zeros(0, dtype=np.uint8)
+
+
+def _zeros(nbytes: int) -> np.ndarray:
+    """Read-only zero bytes (what the keystream is XORed onto), one array shared by all draws."""
+    global _zero_bytes
+    z = _zero_bytes
+    if z.size < nbytes:
+        z = np.zeros(nbytes, dtype=np.uint8)
+        z.setflags(write=False)
+        _zero_bytes = z
+    return z[:nbytes]
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """An uninitialized byte buffer starting at a 64-byte boundary (whole cache lines for the
+    vector loads of the C kernel; NumPy only promises 16)."""
+    raw = np.empty(nbytes + 64, dtype=np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + nbytes]
+
+
+_local = threading.local()
+
+
+def _scratch(name: str, size: int, dtype=np.int64, keep: int = 0) -> np.ndarray:
+    """This thread's array `name`, 64-byte aligned, of `size` items or more, reused from draw to
+    draw (a new large array costs a page fault per 4 KiB each time); grown as needed, keeping its
+    first `keep` items. What is in it is whatever the last user left there."""
+    a = getattr(_local, name, None)
+    if a is None or a.size < size:
+        old, size = a, max(size, 2 * a.size if a is not None else 0)
+        a = _aligned(size * np.dtype(dtype).itemsize).view(dtype)
+        if keep:
+            a[:keep] = old[:keep]
+        setattr(_local, name, a)
+    return a
+
+
 def _check_std(std: float) -> None:
     if not (isinstance(std, (int, float)) and math.isfinite(std) and std >= 0):
         raise ValueError(f"Gaussian std must be >= 0 and finite, got {std}")
@@ -186,38 +229,53 @@ def _check_std(std: float) -> None:
 
 def gaussian_cpu(read, out, std: float):
     """Fill the contiguous CPU float tensor `out` from the word reader `read(m)` (the next m words
-    as int64): keystream in cache-sized chunks through the fast path (C kernel where built), then
-    the rejected candidates resolved from the words that follow (`gauss.resolve`)."""
+    as int64): keystream in cache-sized chunks through the fast path, then the rejected candidates
+    resolved from the words that follow (`gauss.resolve`). The C kernel (where built) writes float32
+    and float64 values straight into `out`; the torch ops give the same values, and other dtypes."""
+    import torch
+
+    from dpfl.rng import gauss
+
+    std, n = float(std), out.numel()
+    if gauss._gk is None or out.dtype not in (torch.float32, torch.float64):
+        return _gaussian_torch(read, out, std)
+    o = out.view(-1).numpy()
+    wt, kt, _ = gauss.np_tables()
+    ch = min(_CHUNK, n) or 1
+    got = 0  # rejected so far: their indices and words, appended to this thread's scratch arrays
+    ri, rw = _scratch("rej_idx", n // 32 + ch), _scratch("rej_words", n // 32 + ch)  # ~1.5 % expected
+    for s in range(0, n, ch):
+        m = min(ch, n - s)
+        if got + m > ri.size:  # room for a whole chunk of rejects
+            ri, rw = _scratch("rej_idx", got + m, keep=got), _scratch("rej_words", got + m, keep=got)
+        got += gauss._gk.fast(read(m), o[s : s + m], std, wt, kt, ri[got:], rw[got:], s)
+    if got:  # NumPy only: no torch intra-op threads while rows run in threads
+        gauss.resolve_into(o, ri[:got], rw[:got], read, std)
+    return out
+
+
+def _gaussian_torch(read, out, std: float):
+    """`gaussian_cpu` in torch ops (no C kernel, or a dtype it does not write)."""
     import torch
 
     from dpfl.rng import gauss
 
     flat, n = out.view(-1), out.numel()
     ch = min(_CHUNK, n) or 1
-    rej = np.empty(ch, dtype=np.int64)
-    flags = np.empty(ch, dtype=np.uint8)
-    wt, kt, _ = gauss.tables("cpu")
     idx, cand = [], []
     for s in range(0, n, ch):
         m = min(ch, n - s)
         w = read(m)
-        if gauss._gk is not None:
-            c = gauss._gk.fast(w, flat[s : s + m].numpy(), float(std), wt.numpy(), kt.numpy(), flags, rej)
-            r = rej[:c]
-        else:
-            x, bad = gauss.fast(torch.from_numpy(w), float(std))
-            flat[s : s + m].copy_(x)
-            r = bad.nonzero().view(-1).numpy()
+        x, bad = gauss.fast(torch.from_numpy(w), std)
+        flat[s : s + m].copy_(x)
+        r = bad.nonzero().view(-1).numpy()
         if r.size:
             idx.append(r + s)
             cand.append(w[r])  # a copy (fancy indexing)
-    if idx and gauss._gk is not None:  # NumPy only: no torch intra-op threads while rows run in threads
-        vals = gauss.resolve_cpu(np.concatenate(cand), lambda m: read(3 * m).copy(), float(std))
-        flat.numpy()[np.concatenate(idx)] = vals  # float64 -> out's dtype, rounded to nearest
-    elif idx:
+    if idx:
         i = torch.from_numpy(np.concatenate(idx))
         vals = gauss.resolve(torch.from_numpy(np.concatenate(cand)),
-                             lambda todo: torch.from_numpy(read(3 * todo.numel()).copy()).view(-1, 3), float(std))
+                             lambda todo: torch.from_numpy(read(3 * todo.numel()).copy()).view(-1, 3), std)
         flat.index_copy_(0, i, vals.to(out.dtype))
     return out
 

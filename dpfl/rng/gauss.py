@@ -35,6 +35,7 @@ INV_R = 1.0 / R  # multiplied, never divided by: CUDA divides by a scalar as a p
 V = 4.92867323399e-3
 LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlibm's split of ln 2
 _SQRT2 = math.sqrt(2.0)
+_PIECE = 4096  # candidates per call of the C slow pass (3 words each: 96 KiB)
 
 
 def _layers() -> list[float]:
@@ -115,30 +116,40 @@ def resolve(cand: torch.Tensor, extra: Callable[[torch.Tensor], torch.Tensor], s
     return out
 
 
-def resolve_cpu(cand: np.ndarray, extra: Callable[[int], np.ndarray], std: float) -> np.ndarray:
-    """`resolve` on the CPU with the C kernel, in NumPy (no torch op: nothing for torch's intra-op
-    threads to spin on while other rows are drawn in other threads). extra(m): the next 3m words."""
-    out = np.empty(cand.size)
-    todo, c = np.arange(cand.size), cand
-    while todo.size:
-        d, val, nc = _slow_pass(c, np.ascontiguousarray(extra(todo.size)), std)
-        out[todo[d]] = val[d]
-        todo, c = todo[~d], nc[~d]
-    return out
+@lru_cache(maxsize=1)
+def np_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`tables("cpu")` as NumPy arrays, for the C kernel."""
+    return tuple(t.numpy() for t in tables("cpu"))
 
 
-def _slow_pass(c: np.ndarray, e: np.ndarray, std: float):
-    """`_pass` by the C kernel on NumPy arrays: (done, value, next candidate)."""
-    wt, kt, fx = (t.numpy() for t in tables("cpu"))
-    m = c.size
-    val, nc, done = np.empty(m), np.empty(m, dtype=np.int64), np.empty(m, dtype=np.uint8)
-    _gk.slow_pass(c, e, float(std), wt, kt, fx, val, nc, done)
-    return done.view(np.bool_), val, nc
+def resolve_into(out: np.ndarray, idx: np.ndarray, cand: np.ndarray, read: Callable[[int], np.ndarray],
+                 std: float) -> None:
+    """`resolve` by the C kernel, written straight to out[idx] (out: float32 or float64, idx and
+    cand: int64, both overwritten), in NumPy only (no torch op: nothing for torch's intra-op threads
+    to spin on while other rows are drawn in other threads). read(k): the next k words (int64).
+    A pass runs in pieces of _PIECE candidates (their words stay in cache); each piece packs its
+    still-open candidates, in order, and they are moved up behind the ones before."""
+    wt, kt, fx = np_tables()
+    m = cand.size
+    while m:
+        left = 0
+        for a in range(0, m, _PIECE):
+            b = min(a + _PIECE, m)
+            k = _gk.slow(cand[a:b], idx[a:b], np.ascontiguousarray(read(3 * (b - a))), std, wt, kt, fx, out)
+            if k and a > left:
+                cand[left : left + k], idx[left : left + k] = cand[a : a + k], idx[a : a + k]
+            left += k
+        m = left
 
 
 def _pass_c(c: torch.Tensor, e: torch.Tensor, std: float):
-    """`_slow_pass` on tensors (the C kernel against the torch `_pass`, in tests)."""
-    return tuple(torch.from_numpy(x) for x in _slow_pass(c.contiguous().numpy(), e.contiguous().numpy(), std))
+    """One pass of the C kernel as `_pass` gives it, (done, value, next candidate): for the tests."""
+    m = c.numel()
+    cand, idx, val = c.contiguous().numpy().copy(), np.arange(m, dtype=np.int64), np.zeros(m)
+    k = _gk.slow(cand, idx, e.contiguous().numpy(), float(std), *np_tables(), val)
+    done, nc = np.ones(m, dtype=bool), np.zeros(m, dtype=np.int64)
+    done[idx[:k]], nc[idx[:k]] = False, cand[:k]
+    return torch.from_numpy(done), torch.from_numpy(val), torch.from_numpy(nc)
 
 
 def _pass(c: torch.Tensor, e: torch.Tensor, std: float):

@@ -93,6 +93,33 @@ def test_rows_do_not_depend_on_threads_and_odd_positions_take_the_cpu():
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
+def test_many_rejects_and_other_dtypes_equal_the_torch_ops(monkeypatch):
+    """A stream whose first words all miss the fast path (layer 255): the reject list grows past
+    its first size and a pass runs in many pieces; and float16 / bfloat16 (torch ops either way)."""
+    words = np.random.default_rng(5).integers(-(2**63), 2**63 - 1, 2_000_000, dtype=np.int64)
+    words[:300_000] |= 255
+
+    def reader():
+        at = [0]
+
+        def read(m):
+            at[0] += m
+            return words[at[0] - m : at[0]]
+
+        return read, at
+
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        (ra, at_a), (rb, at_b) = reader(), reader()
+        a = gaussian_cpu(ra, torch.empty(400_000, dtype=dtype), 0.8)
+        with monkeypatch.context() as mp:
+            mp.setattr(gauss, "_gk", None)
+            b = gaussian_cpu(rb, torch.empty(400_000, dtype=dtype), 0.8)
+        assert torch.equal(a, b) and at_a[0] == at_b[0] > 1_300_000, dtype
+    g = Seeds(6).crypto("half")
+    half = g.gaussian_into(torch.empty(10_001, dtype=torch.float16), 1.0)
+    assert torch.isfinite(half).all() and g.position >= 8 * 10_001
+
+
 def test_the_slow_path_in_c_equals_torch_and_log_exp_are_accurate():
     if gauss._gk is None:
         pytest.skip("C kernel not built")
