@@ -128,11 +128,10 @@ class Coordinator:
                 raise ConfigError(f"{self.out} already holds a deployed run with a checkpoint; resume it (run config "
                                   "resume = true, `dpfl flower local --resume`) or choose another out-dir")
             self.state = Run(cfg, self.out, log, data=evaluation != "federated")  # federated only: no data
-        every = cfg.run.checkpoint_every
-        if "checkpoint_every" in cfg.run.model_fields_set and every != 1:
-            raise ConfigError(f"run.checkpoint_every = {every} does not apply to a deployed run, which checkpoints "
-                              "every round (a round released after the last checkpoint would be released again on "
-                              "resume, its noise uncounted): remove it")
+        if cfg.run.checkpoint_every != 1:  # (a written config always carries it: a note, not an error)
+            log(f"note: run.checkpoint_every = {cfg.run.checkpoint_every} does not apply to a deployed run, which "
+                "checkpoints every round (a round released after the last checkpoint would be released again on "
+                "resume, its noise uncounted)")
         self.state.checkpoint_every = 1
         if resume and _distributed_correlated(self.state.scheme):
             raise ConfigError("a run with distributed correlated noise cannot be resumed over Flower: the sites' "
