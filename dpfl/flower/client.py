@@ -181,11 +181,10 @@ def _redrawn_noise(c, state: RecordDict, r: int, run_config: Mapping) -> None:
     tree nodes): those streams are keyed from the node secret and the run's config (Flower keeps a
     node's state across the runs of a series), and the secret must be the one it had in round 1 (a
     restarted site made a new one: its share cannot continue the run's noise, so it is refused)."""
-    from dpfl.flower.node import OsSeeds
+    from dpfl.flower.node import OsSeeds, distributed_correlated
     from dpfl.rng import derive_key
 
-    if c.node.seeded or not any(getattr(s, "name", "") == "correlated_noise" and s.noise == "distributed"
-                                for s in c.scheme.steps):
+    if c.node.seeded or not distributed_correlated(c.scheme):
         return
     node = state.get(NODE)
     if node is None or node.get("first_round", 0) != 1:

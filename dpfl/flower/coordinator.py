@@ -53,7 +53,14 @@ from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, Run
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.flower import certs, wire
 from dpfl.flower.client import SHARE_SHAPE
-from dpfl.flower.node import OsSeeds, check_record_dp, decode_sum, round_secagg, round_values
+from dpfl.flower.node import (
+    OsSeeds,
+    check_record_dp,
+    decode_sum,
+    distributed_correlated,
+    round_secagg,
+    round_values,
+)
 from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, run_round
 from dpfl.secagg import keys as kx
@@ -93,10 +100,6 @@ Exchange = Callable[..., dict[int, Reply]]
 get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
 
 
-def _distributed_correlated(scheme: Any) -> bool:
-    return any(getattr(s, "name", "") == "correlated_noise" and s.noise == "distributed" for s in scheme.steps)
-
-
 def _redraws(scheme: Any) -> bool:
     """The server draws some noise again in later rounds (central DP-FTRL tree noise)."""
     return any(getattr(s, "name", "") == "correlated_noise" and s.noise == "central" and s.mf.name == "tree"
@@ -133,7 +136,7 @@ class Coordinator:
                 "checkpoints every round (a round released after the last checkpoint would be released again on "
                 "resume, its noise uncounted)")
         self.state.checkpoint_every = 1
-        if resume and _distributed_correlated(self.state.scheme):
+        if resume and distributed_correlated(self.state.scheme):
             raise ConfigError("a run with distributed correlated noise cannot be resumed over Flower: the sites' "
                               "states (the secrets their noise shares continue from) end with the Flower run")
         if resume and reproducible and self.state.noise_key is not None:

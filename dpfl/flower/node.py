@@ -59,6 +59,11 @@ class OsSeeds(Seeds):
         return CryptoRNG()
 
 
+def distributed_correlated(scheme: Scheme) -> bool:
+    """The sites add correlated noise (a share each, continuing their earlier rounds' shares)."""
+    return any(getattr(s, "name", "") == "correlated_noise" and s.noise == "distributed" for s in scheme.steps)
+
+
 def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
     """The configured scheme, built as the server's `Run` builds it (`engine.run.scheme_env`)."""
     return configured_scheme(cfg, scheme_env(cfg, n_params))

@@ -202,14 +202,20 @@ class LowOrderKey(Loopback):
         return out
 
 
-def test_a_small_order_key_excludes_its_client_from_that_round_only():
+def _two_rounds_of_four(cls) -> tuple:
+    """2 rounds of FL-SIGN-DP over 4 sites (one tolerated), `cls` the federation; the log's lines."""
     require_row_contract()
     scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
     data = config(scheme, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 4})
-    co, _ = loopback(data, cls=LowOrderKey)
+    co, _ = loopback(data, cls=cls)
     logs: list[str] = []
     co.log = logs.append
     co.run()
+    return co, logs
+
+
+def test_a_small_order_key_excludes_its_client_from_that_round_only():
+    co, logs = _two_rounds_of_four(LowOrderKey)
     assert co.history[0]["answered"] == 3 and co.history[1]["answered"] == 4
     assert any("rejected client 3" in line and "small order" in line for line in logs), logs
 
@@ -418,13 +424,7 @@ class BadNextError(Loopback):
 
 
 def test_a_malformed_next_round_error_is_logged_not_fatal():
-    require_row_contract()
-    scheme = {"name": "fl-sign-dp", "options": {"sigma": 0.5, "tolerate": 1}}
-    data = config(scheme, data={"n_clients": 4}, federation={"rounds": 2, "clients_per_round": 4})
-    co, _ = loopback(data, cls=BadNextError)
-    logs: list[str] = []
-    co.log = logs.append
-    co.run()
+    co, logs = _two_rounds_of_four(BadNextError)
     assert [m["answered"] for m in co.history] == [4, 4]
     assert any("client 3 cannot join: 'None'" in line for line in logs), logs
 
