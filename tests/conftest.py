@@ -23,3 +23,18 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _site_keys(tmp_path_factory):
+    """Sites started by the tests (and their SuperNodes' workers) keep their site key
+    (`dpfl.flower.certs.site_key`) in a temporary state directory, not the user's."""
+    import os
+
+    was = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if was is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = was

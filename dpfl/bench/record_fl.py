@@ -97,7 +97,7 @@ def run_bench(rounds: int = 2, clients: int = 100, clip: float = 1.0, noise_mult
     opa = _OpacusFederation(sim, mode, clip, noise_multiplier)
     delta, T, B = cfg.train.dpsgd.delta, sim.local.steps, sim.local.batch_size
     first = sim.select(1)[0][:1]  # untimed warm-up of both sides on one client (imports, kernels)
-    batches, dp, _ = sim._dp_round(1, first)
+    batches, dp, _ = sim.dp_round(1, first)
     sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, batches, dp=dp)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -83,9 +83,9 @@ class Federation:
         return {"dataset": self.dataset, "source": self.source, "sha256": h.hexdigest()}
 
 
-def hash_tensors(tensors: list[torch.Tensor]) -> Any:
-    """A SHA-256 (hashlib object) of the tensors' dtypes, shapes and bytes, in order."""
-    h = hashlib.sha256()
+def hash_tensors(tensors: list[torch.Tensor], h: Any = None) -> Any:
+    """`h` (a new SHA-256 by default; e.g. an HMAC) fed the tensors' dtypes, shapes and bytes, in order."""
+    h = hashlib.sha256() if h is None else h
     for t in tensors:
         t = t.detach().cpu().contiguous()
         h.update(f"{t.dtype}{tuple(t.shape)};".encode())
@@ -94,7 +94,7 @@ def hash_tensors(tensors: list[torch.Tensor]) -> Any:
 
 
 def sites_record(sites: dict[int, str]) -> dict[str, Any]:
-    """The data record of a server that holds no data: each site's own hash (its hello's), and one
+    """The data record of a server that holds no data: each site's data MAC (its hello's), and one
     SHA-256 of them all."""
     by_id = {str(c): h for c, h in sorted(sites.items())}
     return {"dataset": "sites", "source": "each site's own data; the server loads none",
@@ -217,7 +217,7 @@ class Run:
             torch.set_num_threads(cfg.run.threads)
         keep_freed_memory()
         self.fed: Federation | None = build_federation(cfg, self.seeds) if data else None
-        self.sites: dict[int, str] = {}  # client id → its data hash (a deployment's hello)
+        self.sites: dict[int, str] = {}  # client id → its data MAC (a deployment's hello)
         if cfg.eval.metric not in (None, "accuracy") and self.fed is None:
             raise ConfigError(f"eval.metric = {cfg.eval.metric!r} needs the server's evaluation; the sites' "
                               "(evaluation = 'federated') gives fed_accuracy: use 'accuracy', or evaluation = "
@@ -289,6 +289,9 @@ class Run:
                 return f"scheme.options.clip = {self.cfg.scheme.options.get('clip', 'auto')!r} (a bound chosen from data)"
             if s.name == "topk" and s.indices is None:
                 return f"scheme {self.cfg.scheme.name!r} (its Top-K set comes from public data)"
+            if s.name == "sub-fedavg" and s.personal_eval:
+                return (f"scheme.options.personal_eval = {s.personal_eval} (sub-fedavg's personal models are "
+                        "evaluated on the server's test data; 0 turns it off)")
         return None
 
     def _make_ledger(self):
@@ -459,7 +462,7 @@ class Run:
             self._fresh = False
         d = self.data_record()
         source = d["source"].replace("\n", " ")
-        sites = "".join(f"# site {c}: sha256 {h}\n" for c, h in d.get("sites", {}).items())
+        sites = "".join(f"# site {c}: data MAC {h}\n" for c, h in d.get("sites", {}).items())
         ckpt.write_text(self.out / CONFIG, f"# data used: {d['dataset']} ({source}), "
                                            f"sha256 {d['sha256']}\n" + sites + dump_config(self.cfg))
 
@@ -579,7 +582,7 @@ class Run:
                allow_recalibration: bool = False, resources: dict[str, Any] | None = None, data: bool = True) -> Self:
         """Continue the run in `out_dir` from its checkpoint (optionally to `rounds` rounds in total;
         `resources`: this process's run.threads / device / max_cohort / checkpoint_every, else the run's;
-        `data=False`: a server without data, whose `sites` then hold the recorded site hashes to check).
+        `data=False`: a server without data, whose `sites` then hold the recorded site data MACs to check).
 
         Refuses (DpflError) a checkpoint that is not plain data or is corrupt, data that differ from
         the run's, fewer rounds than already run, and a noise multiplier σ that changed (e.g. one that
@@ -619,7 +622,7 @@ class Run:
             if isinstance(sites, dict) and all(isinstance(c, str) and c.isdigit() and isinstance(h, str) for c, h in sites.items()):
                 sim.sites = {int(c): h for c, h in sites.items()}
             else:
-                log(f"note: {out / CHECKPOINT} records no site data hashes: the sites' data cannot be checked")
+                log(f"note: {out / CHECKPOINT} records no site data MACs: the sites' data cannot be checked")
         elif was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
             raise DataError(f"{out}: the data differ from the run's: it used {was.get('dataset')} "
                             f"(sha256 {str(was.get('sha256'))[:12]}), now {now['dataset']} (sha256 "

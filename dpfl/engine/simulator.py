@@ -82,7 +82,7 @@ class Simulation(Run):
         super().__init__(*args, **kwargs)
         self._check_cohort_memory()
 
-    def _dp_round(self, r: int, cohort: np.ndarray) -> tuple[torch.Tensor, ClientDP, np.ndarray]:
+    def dp_round(self, r: int, cohort: np.ndarray) -> tuple[torch.Tensor, ClientDP, np.ndarray]:
         """Poisson batches [k, T, M] (global record indices), the round's ClientDP and q [k]."""
         dp = self.cfg.train.dpsgd
         sizes = self.fed.sizes[cohort]
@@ -155,7 +155,7 @@ class Simulation(Run):
             if hook is not None:
                 raise ConfigError(f"train.dpsgd does not combine with scheme {self.scheme.name!r}: it sets "
                                   "its own gradient corrections, which would bypass DP-SGD")
-            batches, dp, _ = self._dp_round(ctx.round, ctx.cohort)
+            batches, dp, _ = self.dp_round(ctx.round, ctx.cohort)
         elif batches is None:
             batches = self.batches(ctx.round, ctx.cohort)
         if seed:

@@ -99,7 +99,9 @@ def record_tables(records: Path) -> dict[str, list[str | None]]:
 
 
 def _table_key(item) -> tuple:
-    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.-]", item[0].removeprefix("table-")))
+    """Thesis tables in number order (4.2 before 4.10), then tables named otherwise (correlated-noise)."""
+    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x)
+                 for x in re.split(r"[.-]", item[0].removeprefix("table-")))
 
 
 def _dir_name(table: str, acct: str | None) -> str:
@@ -189,12 +191,34 @@ def _delta(e: dict) -> str:
     return "— (MNIST)" if e["thesis_dataset"] == "mnist" else "—"
 
 
+def epsilon_sampling(e: dict) -> str:
+    """How the row's ε accounts client selection: its summary's `epsilon_sampling`, or for a run cut
+    short before it wrote one, the rule of `DPOptions.accounted_sampling` on its config (local and
+    correlated noise: none; else the config's accounted sampling)."""
+    got = e["summary"].get("epsilon_sampling")
+    if got is not None:
+        return got
+    opts = e["cfg"].scheme.options
+    return "none" if opts.get("noise") == "local" or opts.get("correlated") else e["cfg"].accounted_sampling()
+
+
 def _sampling(e: dict) -> str:
     cfg = e["cfg"]
     n, k, q = cfg.data.n_clients, cfg.cohort_size(), cfg.sampling_rate()
+    how = epsilon_sampling(e)
     if cfg.federation.sampling == "poisson":
         return f"Poisson q = {q:.5g} (as accounted)"
-    return f"fixed {k:,} of {n:,} a round; ε assumes Poisson q = {q:.5g}"
+    drawn = f"fixed {k:,} of {n:,} a round"
+    fed = cfg.federation
+    if fed.participation == "cyclic":
+        drawn += f", cyclic in {fed.groups} groups"
+    elif fed.participation == "min-separation":
+        drawn += f", rounds ≥ {fed.separation} apart"
+    if how == "poisson":
+        return f"{drawn}; ε assumes Poisson q = {q:.5g}"
+    if how == "without-replacement":
+        return f"{drawn}; ε as drawn (without replacement, replace-one neighbours)"
+    return f"{drawn}; ε without amplification by sampling"
 
 
 def _timing(e: dict) -> str:

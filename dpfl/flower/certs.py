@@ -21,6 +21,7 @@ written with mode 0600.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import ipaddress
@@ -195,6 +196,49 @@ def signing_files(node_config: Mapping[str, Any]) -> tuple[str, str] | None:
         raise ConfigError("node config signing-key and peers go together: the site's OpenSSH private key "
                           "(--auth-supernode-private-key) and the operator's peers.toml")
     return None if key is None else (key, peers)
+
+
+SITE_KEY_BYTES = 32
+
+
+def default_site_key() -> Path:
+    """Where a site keeps its site key without node config `site-key`: $XDG_STATE_HOME/dpfl/site-key
+    (~/.local/state/dpfl/site-key)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "dpfl" / "site-key"
+
+
+def site_key(path: str | Path | None = None) -> bytes:
+    """The site's secret that keys the MAC of its data (its hello's `data_mac`): 32 bytes read from
+    `path` (default `default_site_key()`), made once from the OS if the file is missing (mode 0600;
+    never replacing one another process made first). It never leaves the site; keep it to resume
+    a run. ConfigError for a file others can read or of the wrong size."""
+    p = Path(path) if path else default_site_key()
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(SITE_KEY_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, p)  # atomic: a complete key or none
+        finally:
+            tmp.unlink()
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            data = f.read(SITE_KEY_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"site key {p}: {e.strerror or e}") from None
+    if mode & 0o077:
+        raise ConfigError(f"site key {p} can be read by others (mode {mode & 0o777:o}): chmod 600 it")
+    if len(data) != SITE_KEY_BYTES:
+        raise ConfigError(f"site key {p} must hold {SITE_KEY_BYTES} bytes, it holds {len(data)}")
+    return data
 
 
 def same_key(a: ec.EllipticCurvePublicKey, b: ec.EllipticCurvePublicKey) -> bool:

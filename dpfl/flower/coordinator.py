@@ -157,7 +157,7 @@ class Coordinator:
         self.nodes = list(nodes)
         self.node_of: dict[int, int] = {}
         self.sizes = np.zeros(cfg.data.n_clients, dtype=np.int64)
-        self.hashes: dict[int, str] = {}  # client → its data hash, as its last hello said
+        self.hashes: dict[int, str] = {}  # client → its data MAC, as its last hello said
         self.round_keys: dict[int, list[tuple[bytes, bytes]]] = {}  # client → (enc, mask) public keys per round
         self.signing: dict[int, tuple[bytes, bytes, list[bytes]]] = {}  # client → (Ed25519 key, binding, key sigs)
         self.signed: bool | None = None  # secure rounds are signed (decided at the hello)
@@ -197,7 +197,7 @@ class Coordinator:
         Every listed node is asked: a node that does not answer, or answers with an error or a
         hello the checks refuse (a stale id a SuperLink database still lists, a key not in peers, data
         other than the run recorded), is left out and logged; each client must then be held by exactly
-        one node. The run records each client's data hash (the summary's, without server data)."""
+        one node. The run records each client's data MAC (the summary's, without server data)."""
         n = self.cfg.data.n_clients
         if len(self.nodes) < n:
             raise ConfigError(f"{len(self.nodes)} nodes connected but data.n_clients = {n}: one node per client")
@@ -247,8 +247,8 @@ class Coordinator:
         return bool(signing)
 
     def _greet(self, node: int, content: RecordDict) -> tuple[int, bool]:
-        """One node's hello: (client id, seeded); its data size, data hash, round keys and signing key are
-        kept. Data whose hash differs from the one the run recorded for that client are refused."""
+        """One node's hello: (client id, seeded); its data size, data MAC, round keys and signing key are
+        kept. Data whose MAC differs from the one the run recorded for that client are refused."""
         n = self.cfg.data.n_clients
         h = wire.read_hello(content, self.cfg.federation.rounds, self.scheme.transport.secure)
         cid = h["cid"]
@@ -256,8 +256,8 @@ class Coordinator:
             raise ConfigError(f"node {node} claims partition-id {cid}: ids must be in [0, {n})")
         was = self.state.sites.get(cid)
         if was is not None and h["data"] != was:
-            raise DataError(f"client {cid}'s data differ from the run's (sha256 {h['data'][:12]}, the run recorded "
-                            f"{was[:12]}): refused")
+            raise DataError(f"client {cid}'s data differ from the run's (data MAC {h['data'][:12]}, the run recorded "
+                            f"{was[:12]}; or its site key changed): refused")
         if h["describe"] != self.scheme.describe():
             raise ConfigError(f"client {cid} built {h['describe']!r}, the server {self.scheme.describe()!r}: "
                               "configs differ")

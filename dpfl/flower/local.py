@@ -398,6 +398,9 @@ def raise_if_unfinished(workdir: str | Path, log_text: str = "", rounds: int | N
     work = Path(workdir).absolute()
     out, logs = work / "out", work / "federation" / "logs"
     resume = f"resume it with `dpfl flower local --resume {work}`"
+    error = next((ln.split("dpfl-error: ", 1)[1] for ln in log_text.splitlines() if "dpfl-error: " in ln), None)
+    if error is not None and not (out / SUMMARY).is_file():  # the ServerApp's one line (a config, data, ...)
+        raise FederationError(f"the ServerApp stopped: {error} (logs: {logs})")
     if not (out / SUMMARY).is_file():
         tail = f"; the run's log ends with:\n{log_text[-3000:]}\n" if log_text else " "
         raise FederationError(f"the ServerApp stopped before the end of the run{tail}(logs: {logs}); {resume}")

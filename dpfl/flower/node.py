@@ -14,6 +14,8 @@ with `dpfl run` bit for bit, and the noise gives no privacy at all. Tests only.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from dpfl.config import RunConfig
 from dpfl.engine.run import configured_scheme, first_output, hash_tensors, scheme_env
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
-from dpfl.flower.certs import signing_files
+from dpfl.flower.certs import signing_files, site_key
 from dpfl.rng import CryptoRNG, Seeds, derive_key
 from dpfl.schemes.base import RoundContext, SetupContext, Transport
 from dpfl.schemes.registry import Scheme
@@ -36,6 +38,8 @@ from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
 from dpfl.secagg.graph import default_threshold
 from dpfl.secagg.protocol import RoundConfig
+
+DATA_MAC_DOMAIN = b"dpfl site data v1;"
 
 
 class OsSeeds(Seeds):
@@ -147,9 +151,10 @@ class NodeSettings:
     data_scale: float | None = None  # divide CSV / .npz feature values by it (255 for 0..255 pixels)
     signing_key: str | None = None  # its OpenSSH node key (--auth-supernode-private-key): signed secure rounds
     peers: str | None = None  # the operator's peers.toml: every site's registered public key by partition id
+    site_key: str | None = None  # the file of its 32-byte secret keying its data MAC (default: certs.default_site_key)
 
     KEYS = ("partition-id", "num-partitions", "data-path", "test-path", "label-column", "data-shape", "data-scale",
-            "dpfl-seeded", "signing-key", "peers")
+            "dpfl-seeded", "signing-key", "peers", "site-key")
 
     @classmethod
     def parse(cls, node_config: Mapping[str, Any], n_clients: int) -> NodeSettings:
@@ -165,7 +170,7 @@ class NodeSettings:
             raise ConfigError(f"node config num-partitions = {num!r} but the run config has data.n_clients = "
                               f"{n_clients}; they must agree")
         text = {}
-        for key in ("data-path", "test-path", "label-column", "data-shape"):
+        for key in ("data-path", "test-path", "label-column", "data-shape", "site-key"):
             v = node_config.get(key)
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"node config {key} must be a non-empty string, got {v!r}")
@@ -182,7 +187,7 @@ class NodeSettings:
             raise ConfigError(f"node config dpfl-seeded must be true or false, got {seeded!r}")
         signing = signing_files(node_config) or (None, None)
         return cls(pid, text["data-path"], seeded, text["test-path"], text["label-column"] or "label",
-                   text["data-shape"], None if scale is None else float(scale), *signing)
+                   text["data-shape"], None if scale is None else float(scale), *signing, text["site-key"])
 
 
 def site_data(path: str, node: NodeSettings, cfg: RunConfig, model: torch.nn.Module):
@@ -314,11 +319,13 @@ class LocalClient:
         idx = torch.from_numpy(site_test_split(len(fed.y_test), self.cfg.data.n_clients, self.cfg.seed)[self.cid])
         return fed.x_test[idx].to(self.device), fed.y_test[idx].to(self.device)
 
-    def data_hash(self) -> str:
-        """SHA-256 of this site's training and held-out arrays as loaded (its hello sends it; the run
-        records it and a resumed run checks it)."""
+    def data_mac(self) -> str:
+        """HMAC-SHA256 of this site's training and held-out arrays as loaded, under its site key
+        (`certs.site_key`), which never leaves the site: the hello sends it, the run records it and a
+        resumed run checks it; without the key it says nothing about the data."""
         held_out = [] if self.x_test is None else [self.x_test, self.y_test]
-        return hash_tensors([self.x, self.y, *held_out]).hexdigest()
+        mac = hmac.new(site_key(self.node.site_key), DATA_MAC_DOMAIN, hashlib.sha256)
+        return hash_tensors([self.x, self.y, *held_out], mac).hexdigest()
 
     def evaluate(self, w: torch.Tensor) -> dict[str, float | int]:
         """The global model `w` on this site's held-out data: counts the server can add up

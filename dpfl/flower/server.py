@@ -29,7 +29,7 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from dpfl.errors import ConfigError
+from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
 from dpfl.flower.client import CONFIG_KEY, parse_run_config, run_config_text
 from dpfl.flower.coordinator import EVALUATION, Coordinator, Reply
@@ -128,6 +128,14 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    try:
+        _main(grid, context)
+    except DpflError as e:  # one line in the stream first; raised on, Flower marks the run failed
+        _stamped(f"dpfl-error: {e}")
+        raise
+
+
+def _main(grid: Grid, context: Context) -> None:
     s = settings(context.run_config)
     cfg = parse_run_config(run_config_text(s))
     nodes = wait_for_nodes(grid, cfg.data.n_clients, float(s["node-wait"]))

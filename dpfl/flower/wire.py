@@ -178,17 +178,17 @@ SIGNING_FIELDS = ("sign_pk", "binding", "keys_sig")  # a signing node's hello: E
 
 
 def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]:
-    """A client's hello: id, data size, scheme description, seeded flag, `data` (the SHA-256 of its
-    training and held-out arrays, 64 lowercase hex digits), round public keys, and for a signing
+    """A client's hello: id, data size, scheme description, seeded flag, `data` (the HMAC-SHA256 of its
+    training and held-out arrays under its site key, 64 lowercase hex digits), round public keys, and for a signing
     node (secure schemes only) `signing` = (Ed25519 key, binding, signatures of the round keys),
     else None."""
     w = "hello"
     rec = _record(content, REPLY, w)
     out = {"cid": _get(rec, "cid", int, w), "size": _get(rec, "size", int, w),
            "describe": _get(rec, "describe", str, w), "seeded": _get(rec, "seeded", bool, w),
-           "data": _get(rec, "data_sha256", str, w), "keys": [], "signing": None}
+           "data": _get(rec, "data_mac", str, w), "keys": [], "signing": None}
     if len(out["data"]) != 64 or not set(out["data"]) <= set("0123456789abcdef"):
-        raise ProtocolError(f"{w}: field 'data_sha256' must be a SHA-256 in 64 lowercase hex digits")
+        raise ProtocolError(f"{w}: field 'data_mac' must be an HMAC-SHA256 in 64 lowercase hex digits")
     if secure:
         enc, mask = _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
         if not len(enc) == len(mask) == rounds:

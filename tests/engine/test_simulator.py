@@ -314,3 +314,16 @@ def test_round_with_only_nonfinite_updates_is_aborted(tmp_path, tiny_config):
     m = sim.step_round()
     assert m["diverged"] == 5 and m["answered"] == 0 and "non-finite" in m["aborted"]
     assert torch.equal(sim.w, w1) and m["up_bytes"] == 0
+
+
+def test_the_simulator_is_a_driver_only_the_run_holds_state(tmp_path, tiny_config):
+    """One run, two drivers: `Simulation` keeps no state of its own beside `Run`'s (which the
+    deployed `Coordinator` drives too), before and after rounds."""
+    from dpfl.engine.run import Run
+
+    sim = Simulation(tiny_config(), tmp_path / "sim", log=lambda s: None)
+    run = Run(tiny_config(), tmp_path / "run", log=lambda s: None)
+    assert set(vars(sim)) == set(vars(run))
+    sim.run()
+    run.setup()
+    assert set(vars(sim)) == set(vars(run))

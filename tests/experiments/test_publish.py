@@ -432,3 +432,31 @@ def test_dp_rows_give_the_cost_formula_at_the_masked_width_and_at_32_bits():
     assert _row(six10, "fl-sign-dp-eps1-10")[col].endswith(" at 32 bits") and " at b = 22 bits; " in \
         _row(six10, "fl-sign-dp-eps1-10")[col]
     assert "cost formula" not in _block("table-4.4")  # no DP row
+
+
+def test_record_tables_sort_thesis_tables_by_number_then_named_ones(tmp_path):
+    for name in ("table-6.10", "correlated-noise", "table-4.2", "table-6.3-fmnist", "table-5.1-pld"):
+        (tmp_path / name / "row").mkdir(parents=True)
+        (tmp_path / name / "row" / "metrics.jsonl").write_text("{}\n")
+    assert list(pub.record_tables(tmp_path)) == ["table-4.2", "table-5.1", "table-6.3-fmnist", "table-6.10",
+                                                 "correlated-noise"]
+
+
+@pytest.mark.parametrize("options, fed, privacy", [
+    ({"epsilon": 2.0, "clip": 2.15}, {}, {"accountant": "rdp"}),  # as drawn
+    ({"epsilon": 2.0, "clip": 2.15}, {}, {"sampling_assumption": "poisson"}),
+    ({"epsilon": 2.0, "clip": 2.15, "noise": "central", "correlated": "tree"},
+     {"participation": "cyclic", "groups": 5}, {}),
+    ({"sigma": 1.0, "clip": 2.15, "noise": "local"}, {}, {}),
+])
+def test_a_cut_short_rows_sampling_is_the_runs(options, fed, privacy):
+    """Without a summary, the table's sampling cell follows the rule the run's ε uses."""
+    from dpfl.config import load_config
+    from dpfl.engine.run import Run
+
+    cfg = load_config(data={"name": "x", "data": {"dataset": "digits", "n_clients": 20, "partition": "shards"},
+                            "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 8, "num_classes": 10}},
+                            "scheme": {"name": "fl-std-dp", "options": options},
+                            "federation": {"rounds": 10, "clients_per_round": 4, **fed}, "privacy": privacy})
+    run = Run(cfg, None, log=lambda s: None)
+    assert pub.epsilon_sampling({"summary": {}, "cfg": cfg}) == run.epsilon_sampling()

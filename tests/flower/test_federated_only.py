@@ -49,7 +49,7 @@ def test_a_federated_only_server_loads_no_data_and_ends_as_the_simulator(tmp_pat
     sim, _ = simulate(data)
     cfg = load_config(data=data)
     hashes = {str(i): LocalClient(cfg, NodeSettings(i, f["data-path"], True, f["test-path"],
-                                                    data_shape=f.get("data-shape"))).data_hash()
+                                                    data_shape=f.get("data-shape"))).data_mac()
               for i, f in files.items()}
     _no_dataset(monkeypatch)
     out = tmp_path / "out"
@@ -72,7 +72,7 @@ def test_a_federated_only_server_loads_no_data_and_ends_as_the_simulator(tmp_pat
     assert len(set(hashes.values())) == 3 and summary["data"]["sites"] == hashes
     assert json.loads((out / SUMMARY).read_text())["data"] == summary["data"] == ckpt.load(out / CHECKPOINT)["data"]
     head = (out / CONFIG).read_text()
-    assert all(f"# site {i}: sha256 {h}\n" in head for i, h in hashes.items())
+    assert all(f"# site {i}: data MAC {h}\n" in head for i, h in hashes.items())
     assert {p.name for p in out.iterdir()} == set(RUN_FILES)
 
 
@@ -95,8 +95,8 @@ def test_a_resumed_federated_run_refuses_a_site_whose_data_changed(tmp_path, mon
     kept = test.read_bytes()
     with np.load(test) as f:
         np.savez(test, x=f["x"][1:], y=f["y"][1:])
-    with pytest.raises(DataError, match=r"^client 1's data differ from the run's \(sha256 [0-9a-f]{12}, the run "
-                                        r"recorded [0-9a-f]{12}\): refused$"):
+    with pytest.raises(DataError, match=r"^client 1's data differ from the run's \(data MAC [0-9a-f]{12}, the run "
+                                        r"recorded [0-9a-f]{12}; or its site key changed\): refused$"):
         resume()
     test.write_bytes(kept)
     assert resume()["data"] == recorded  # the same data again: the run goes on
@@ -128,6 +128,7 @@ def test_a_best_metric_other_than_accuracy_needs_the_servers_evaluation(monkeypa
     ({"name": "fl-std-dp", "options": {"sigma": 1.0, "clip": "private"}}, "scheme.options.clip = 'private'"),
     ({"name": "fl-top", "options": {"ratio": 0.1}}, "scheme 'fl-top' (its Top-K set"),
     ({"name": "fl-top-dp", "options": {"sigma": 1.0}}, "scheme 'fl-top-dp' (its Top-K set"),
+    ({"name": "sub-fedavg", "options": {}}, "scheme.options.personal_eval = 500 (sub-fedavg's personal models"),
 ])
 def test_a_scheme_that_needs_server_data_is_refused_in_one_line(scheme, option, monkeypatch):
     data = config(scheme, data={"public_size": 50})  # (FL-TOP's public set, on a server with data)

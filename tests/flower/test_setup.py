@@ -111,3 +111,18 @@ def test_the_token_window_is_flowers():
     from dpfl.flower.local import TOKEN_WINDOW_S
 
     assert flwr.HEARTBEAT_DEFAULT_INTERVAL == TOKEN_WINDOW_S
+
+
+def test_a_serverapp_that_stops_on_bad_input_says_so_in_one_line(tmp_path, capsys):
+    from flwr.app import Context, RecordDict
+
+    from dpfl.flower.local import FederationError, raise_if_unfinished
+    from dpfl.flower.server import main
+
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={"out-dirr": "x"})
+    with pytest.raises(ConfigError, match="^unknown run config keys"):
+        main(None, ctx)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and " dpfl-error: unknown run config keys ['out-dirr']; allowed: " in lines[0]
+    with pytest.raises(FederationError, match=r"^the ServerApp stopped: unknown run config keys \['out-dirr'\]; "):
+        raise_if_unfinished(tmp_path, log_text="INFO: starting\n" + lines[0] + "\nTraceback (most recent call last):\n")

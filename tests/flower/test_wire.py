@@ -136,7 +136,7 @@ def test_signed_messages_round_trip_and_are_size_checked():
 
 
 def test_a_signing_hello_is_read_whole_or_refused():
-    rec = ConfigRecord({"cid": 1, "size": 5, "describe": "x", "seeded": False, "data_sha256": "a" * 64,
+    rec = ConfigRecord({"cid": 1, "size": 5, "describe": "x", "seeded": False, "data_mac": "a" * 64,
                         "enc_pk": [b"e" * 32] * 2, "mask_pk": [b"m" * 32] * 2})
     assert wire.read_hello({wire.REPLY: rec}, 2, True)["signing"] is None
     signing = {"sign_pk": b"v" * 32, "binding": b"b" * 100, "keys_sig": [b"s" * 64] * 2}
@@ -149,14 +149,14 @@ def test_a_signing_hello_is_read_whole_or_refused():
         wire.read_hello({wire.REPLY: ConfigRecord({**rec, "sign_pk": b"v" * 32})}, 2, True)
 
 
-def test_a_hello_carries_the_sites_data_hash_or_is_refused():
+def test_a_hello_carries_the_sites_data_mac_or_is_refused():
     rec = {"cid": 1, "size": 5, "describe": "x", "seeded": False}
     digest = "0123456789abcdef" * 4
-    assert wire.read_hello({wire.REPLY: ConfigRecord({**rec, "data_sha256": digest})}, 2, False)["data"] == digest
+    assert wire.read_hello({wire.REPLY: ConfigRecord({**rec, "data_mac": digest})}, 2, False)["data"] == digest
     for bad in (digest[:-1], digest + "0", digest.upper(), "g" * 64, digest.encode(), 7):
-        with pytest.raises(ProtocolError, match="hello: field 'data_sha256'"):
-            wire.read_hello({wire.REPLY: ConfigRecord({**rec, "data_sha256": bad})}, 2, False)
-    with pytest.raises(ProtocolError, match="'data_sha256' is missing"):
+        with pytest.raises(ProtocolError, match="hello: field 'data_mac'"):
+            wire.read_hello({wire.REPLY: ConfigRecord({**rec, "data_mac": bad})}, 2, False)
+    with pytest.raises(ProtocolError, match="'data_mac' is missing"):
         wire.read_hello({wire.REPLY: ConfigRecord(rec)}, 2, False)
 
 

@@ -1,0 +1,81 @@
+"""A site's data MAC: keyed by a secret that stays on the site (`certs.site_key`), so the hash of its
+data in the hello tells the server nothing it could test guesses against."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from flower_helpers import config, site_files
+
+from dpfl.config import load_config
+from dpfl.engine.run import hash_tensors
+from dpfl.errors import ConfigError
+from dpfl.flower import certs
+from dpfl.flower.node import LocalClient, NodeSettings
+
+
+def test_a_site_key_is_made_once_private_and_kept(tmp_path):
+    path = tmp_path / "keys" / "site-key"
+    key = certs.site_key(path)
+    assert len(key) == 32 and path.read_bytes() == key
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert certs.site_key(path) == key  # read again, not replaced
+    assert certs.site_key(tmp_path / "other") != key
+    assert sorted(p.name for p in path.parent.iterdir()) == ["site-key"]  # no temporary file left
+
+
+def test_the_default_site_key_lives_in_the_state_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert certs.default_site_key() == tmp_path / "dpfl" / "site-key"
+    assert certs.site_key() == (tmp_path / "dpfl" / "site-key").read_bytes()
+
+
+@pytest.mark.parametrize("content, mode, msg", [
+    (b"k" * 32, 0o644, r"can be read by others \(mode 644\): chmod 600 it$"),
+    (b"k" * 31, 0o600, r"must hold 32 bytes, it holds 31$"),
+    (b"k" * 33, 0o600, r"must hold 32 bytes, it holds 33$"),
+])
+def test_a_bad_site_key_file_is_one_line_and_left_alone(tmp_path, content, mode, msg):
+    path = tmp_path / "site-key"
+    path.write_bytes(content)
+    os.chmod(path, mode)
+    with pytest.raises(ConfigError, match=msg) as e:
+        certs.site_key(path)
+    assert "\n" not in str(e.value) and path.read_bytes() == content
+
+
+def test_a_site_key_behind_a_link_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.write_bytes(b"k" * 32)
+    os.chmod(real, 0o600)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(ConfigError, match="^site key .*link: "):
+        certs.site_key(tmp_path / "link")
+
+
+def test_the_data_mac_needs_the_site_key(tmp_path):
+    data = config(federation={"rounds": 1, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    cfg = load_config(data=data)
+
+    def client(i: int, key: str) -> LocalClient:
+        f = files[i]
+        node = NodeSettings.parse({"partition-id": i, "data-path": f["data-path"], "test-path": f["test-path"],
+                                   "dpfl-seeded": True, "site-key": str(tmp_path / key),
+                                   **({"data-shape": f["data-shape"]} if "data-shape" in f else {})},
+                                  cfg.data.n_clients)
+        return LocalClient(cfg, node)
+
+    a = client(1, "key-a")
+    mac = a.data_mac()
+    assert len(mac) == 64 and mac == client(1, "key-a").data_mac()  # the same data and key: the same MAC
+    assert client(1, "key-b").data_mac() != mac  # another key
+    assert client(2, "key-a").data_mac() != mac  # other data
+    assert mac != hash_tensors([a.x, a.y, a.x_test, a.y_test]).hexdigest()  # not the unkeyed hash
+
+
+def test_node_config_site_key_must_be_a_path():
+    with pytest.raises(ConfigError, match="^node config site-key must be a non-empty string, got ''$"):
+        NodeSettings.parse({"partition-id": 0, "site-key": ""}, 3)
