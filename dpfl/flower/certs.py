@@ -27,7 +27,9 @@ import hashlib
 import ipaddress
 import os
 import re
+import stat
 import struct
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -204,41 +206,70 @@ SITE_KEY_BYTES = 32
 def default_site_key() -> Path:
     """Where a site keeps its site key without node config `site-key`: $XDG_STATE_HOME/dpfl/site-key
     (~/.local/state/dpfl/site-key)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    if not os.path.isabs(base):
+        raise ConfigError(f"no absolute state directory for the site key (XDG_STATE_HOME or HOME gives {base!r}): "
+                          "set node config site-key to an absolute path")
     return Path(base) / "dpfl" / "site-key"
 
 
 def site_key(path: str | Path | None = None) -> bytes:
     """The site's secret that keys the MAC of its data (its hello's `data_mac`): 32 bytes read from
-    `path` (default `default_site_key()`), made once from the OS if the file is missing (mode 0600;
-    never replacing one another process made first). It never leaves the site; keep it to resume
-    a run. ConfigError for a file others can read or of the wrong size."""
-    p = Path(path) if path else default_site_key()
-    if not p.exists():
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(SITE_KEY_BYTES))
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, p)  # atomic: a complete key or none
-        finally:
-            tmp.unlink()
+    `path` (absolute, `~` expanded; default `default_site_key()`), made once from the OS if the file
+    is missing (mode 0600, written and synced whole before it appears; never replacing one another
+    process made first). It never leaves the site; keep it to resume a run. ConfigError, one line,
+    unless the file is a regular file of this user's, only this user may read or write it, of the
+    right size, in a folder of this user's that no one else may write to."""
+    p = Path(os.path.expanduser(str(path))) if path else default_site_key()
+    if not p.is_absolute():
+        raise ConfigError(f"site key {p}: give an absolute path (a relative one depends on where the SuperNode starts)")
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        if not p.parent.exists():
+            p.parent.mkdir(parents=True, mode=0o700)
+        _check_owned(p.parent, 0o022, "folder of the site key")
+        if not os.path.lexists(p):
+            _create_key(p)
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"site key {p} is not a regular file")
+            _check_owned(p, 0o077, "site key", st)
             data = f.read(SITE_KEY_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"site key {p}: {e.strerror or e}") from None
-    if mode & 0o077:
-        raise ConfigError(f"site key {p} can be read by others (mode {mode & 0o777:o}): chmod 600 it")
     if len(data) != SITE_KEY_BYTES:
         raise ConfigError(f"site key {p} must hold {SITE_KEY_BYTES} bytes, it holds {len(data)}")
     return data
+
+
+def _check_owned(p: Path, forbidden: int, what: str, st: os.stat_result | None = None) -> None:
+    st = os.stat(p) if st is None else st
+    mode = st.st_mode & 0o777
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"{what} {p} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
+    if mode & forbidden:
+        others = "written by others" if forbidden == 0o022 else "read or written by others"
+        raise ConfigError(f"{what} {p} can be {others} (mode {mode:o}): chmod {mode & ~forbidden:o} it")
+
+
+def _create_key(p: Path) -> None:
+    """A new key at p, complete or not at all (a temporary file linked in, then the folder synced)."""
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SITE_KEY_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another process made it first: theirs stays
+            os.link(tmp, p)
+    finally:
+        os.unlink(tmp)
+    d = os.open(p.parent, os.O_RDONLY)
+    try:
+        os.fsync(d)
+    finally:
+        os.close(d)
 
 
 def same_key(a: ec.EllipticCurvePublicKey, b: ec.EllipticCurvePublicKey) -> bool:

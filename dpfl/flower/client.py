@@ -2,7 +2,7 @@
 
 Message types (content records in `wire`):
 
-    query              hello: client id, data size, the SHA-256 of its training and held-out arrays,
+    query              hello: client id, data size, the MAC of its training and held-out arrays (keyed by its site key),
                        the scheme it built; for secure schemes also
                        its two X25519 public keys of every round (advertised ahead of time) and,
                        on a signing node, its Ed25519 key of the run, that key's binding to the

@@ -12,6 +12,7 @@ ClientApps): first SIGTERM, then SIGKILL after a grace period. Logs go to `workd
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
@@ -387,6 +388,9 @@ def _toml(v: object) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+_ERROR_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ dpfl-error: (.*)$", re.MULTILINE)  # the ServerApp's own
+
+
 def raise_if_unfinished(workdir: str | Path, log_text: str = "", rounds: int | None = None) -> dict:
     """The summary of the deployed run in `workdir/out`. FederationError, saying how to resume, if
     the ServerApp stopped before the end (no summary, or fewer rounds than planned and no stop
@@ -398,7 +402,7 @@ def raise_if_unfinished(workdir: str | Path, log_text: str = "", rounds: int | N
     work = Path(workdir).absolute()
     out, logs = work / "out", work / "federation" / "logs"
     resume = f"resume it with `dpfl flower local --resume {work}`"
-    error = next((ln.split("dpfl-error: ", 1)[1] for ln in log_text.splitlines() if "dpfl-error: " in ln), None)
+    error = next((m.group(1) for m in _ERROR_LINE.finditer(log_text)), None)
     if error is not None and not (out / SUMMARY).is_file():  # the ServerApp's one line (a config, data, ...)
         raise FederationError(f"the ServerApp stopped: {error} (logs: {logs})")
     if not (out / SUMMARY).is_file():

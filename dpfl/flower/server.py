@@ -119,8 +119,9 @@ def settings(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _stamped(line: str) -> None:
-    """A log line with the UTC time in front (Flower's own log lines carry none)."""
-    print(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + line, flush=True)
+    """A log line with the UTC time in front (Flower's own log lines carry none); one line, whatever
+    it quotes (a site's error text cannot start a line of its own)."""
+    print(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + " ".join(str(line).split()), flush=True)
 
 
 app = ServerApp()

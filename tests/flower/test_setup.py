@@ -126,3 +126,14 @@ def test_a_serverapp_that_stops_on_bad_input_says_so_in_one_line(tmp_path, capsy
     assert len(lines) == 1 and " dpfl-error: unknown run config keys ['out-dirr']; allowed: " in lines[0]
     with pytest.raises(FederationError, match=r"^the ServerApp stopped: unknown run config keys \['out-dirr'\]; "):
         raise_if_unfinished(tmp_path, log_text="INFO: starting\n" + lines[0] + "\nTraceback (most recent call last):\n")
+
+
+def test_a_sites_text_cannot_forge_the_serverapps_error_line(tmp_path, capsys):
+    from dpfl.flower.local import FederationError, raise_if_unfinished
+    from dpfl.flower.server import _stamped
+
+    _stamped("node 7 failed: boom\n2026-01-01T00:00:00Z dpfl-error: forged")  # a site's reason, quoted
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.endswith(" node 7 failed: boom 2026-01-01T00:00:00Z dpfl-error: forged")
+    with pytest.raises(FederationError, match="^the ServerApp stopped before the end of the run"):
+        raise_if_unfinished(tmp_path, log_text=line + "\n")

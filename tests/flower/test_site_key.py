@@ -33,7 +33,8 @@ def test_the_default_site_key_lives_in_the_state_directory(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("content, mode, msg", [
-    (b"k" * 32, 0o644, r"can be read by others \(mode 644\): chmod 600 it$"),
+    (b"k" * 32, 0o644, r"can be read or written by others \(mode 644\): chmod 600 it$"),
+    (b"k" * 32, 0o620, r"can be read or written by others \(mode 620\): chmod 600 it$"),
     (b"k" * 31, 0o600, r"must hold 32 bytes, it holds 31$"),
     (b"k" * 33, 0o600, r"must hold 32 bytes, it holds 33$"),
 ])
@@ -79,3 +80,55 @@ def test_the_data_mac_needs_the_site_key(tmp_path):
 def test_node_config_site_key_must_be_a_path():
     with pytest.raises(ConfigError, match="^node config site-key must be a non-empty string, got ''$"):
         NodeSettings.parse({"partition-id": 0, "site-key": ""}, 3)
+
+
+def test_a_site_key_in_a_folder_others_may_write_is_refused(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    with pytest.raises(ConfigError, match=r"^folder of the site key .*shared can be written by others \(mode 777\)"):
+        certs.site_key(folder / "site-key")
+    assert list(folder.iterdir()) == []  # nothing made there
+
+
+def test_a_site_key_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(ConfigError, match="is not a regular file$"):
+        certs.site_key(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match="^site key .*dir: "):
+        certs.site_key(tmp_path / "dir")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the file to another user")
+def test_a_site_key_of_another_user_is_refused(tmp_path):
+    path = tmp_path / "site-key"
+    path.write_bytes(b"k" * 32)
+    os.chmod(path, 0o600)
+    os.chown(path, 12345, -1)
+    with pytest.raises(ConfigError, match=r"^site key .* belongs to uid 12345, not to this user \(0\)$"):
+        certs.site_key(path)
+
+
+def test_a_site_key_path_must_be_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="^site key keys/k: give an absolute path"):
+        certs.site_key("keys/k")
+    assert not (tmp_path / "keys").exists()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert certs.site_key("~/k") == (tmp_path / "k").read_bytes()
+
+
+def test_a_site_key_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="^site key .*file/site-key: "):
+        certs.site_key(tmp_path / "file" / "site-key")
+
+
+def test_concurrent_first_uses_agree_on_one_key(tmp_path):
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(4) as pool:
+        keys = pool.map(certs.site_key, [str(tmp_path / "site-key")] * 8)
+    assert len(set(keys)) == 1 and keys[0] == (tmp_path / "site-key").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site-key"]
