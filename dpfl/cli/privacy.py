@@ -124,8 +124,10 @@ def _correlated(mechanism: str, steps: int, participation: str, separation: int 
         params["bands"] = f.bands
     else:
         params.update(restart=restart or "none", completion=completion)
+    pv = f.prefix_variances()  # the noise variance of each prefix sum (the model after round t), per σ²
     params.update(sensitivity=float(np.sqrt(sens2[-1])), sensitivity_exact=exact, neighbouring="add_remove",
-                  prefix_variance=f.workload_error() / steps)  # mean noise variance of a prefix sum, per σ²
+                  prefix_variance=float(pv.mean()), prefix_variance_first=float(pv[0]),
+                  prefix_variance_last=float(pv[-1]))
     return sens2, params
 
 

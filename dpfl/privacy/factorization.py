@@ -62,8 +62,13 @@ class Factorization:
 
     def workload_error(self, workload: np.ndarray | None = None) -> float:
         """‖A F‖_F²: the total variance of the T prefix sums' noise per unit σ² (A: prefix sums)."""
+        return float(np.sum(self.prefix_variances(workload)))
+
+    def prefix_variances(self, workload: np.ndarray | None = None) -> np.ndarray:
+        """‖(A F)_t‖² for each round t: the noise variance of the model after round t, per unit σ²
+        (independent noise: t)."""
         a = prefix_workload(self.rounds) if workload is None else workload
-        return float(np.sum((a @ self.noise_map) ** 2))
+        return np.sum((a @ self.noise_map) ** 2, axis=1)
 
     def round_std(self) -> np.ndarray:
         """‖F_t‖ for each round: round t's noise std per unit σ."""

@@ -300,3 +300,19 @@ def test_cli_epsilon_and_sigma_of_a_correlated_mechanism():
     assert bad.exit_code != 0 and "not on sampling" in bad.output
     bad = runner.invoke(app, ["epsilon", *base, "--sigma", "1", "--restart", "4"])
     assert bad.exit_code != 0 and "--restart" in bad.output
+
+
+def test_prefix_variances_are_each_rounds_model_noise():
+    """‖(A F)_t‖²: t for independent noise (one band); for any factorization, the variance of the
+    t-th prefix of B Z measured on draws, and their mean is the CLI's prefix_variance."""
+    assert np.allclose(F.bandmf(12, 1).prefix_variances(), np.arange(1, 13))
+    mf = F.bandmf(12, 4)
+    z = np.random.default_rng(0).standard_normal((12, 200_000))
+    measured = np.var(F.prefix_workload(12) @ mf.noise_map @ z, axis=1)
+    assert np.allclose(measured, mf.prefix_variances(), rtol=0.02)
+    res = CliRunner().invoke(app, ["epsilon", "--correlated", "bandmf", "--participation", "cyclic", "--separation",
+                                   "4", "--sigma", "2", "--steps", "12", "--accountant", "rdp", "--json"])
+    out = json.loads(res.output.splitlines()[-1])
+    assert out["prefix_variance_first"] == pytest.approx(mf.prefix_variances()[0])
+    assert out["prefix_variance_last"] == pytest.approx(mf.prefix_variances()[-1])
+    assert out["prefix_variance"] == pytest.approx(mf.workload_error() / 12)
