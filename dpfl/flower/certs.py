@@ -249,8 +249,10 @@ def _check_owned(p: Path, forbidden: int, what: str, st: os.stat_result | None =
     if st.st_uid != os.getuid():
         raise ConfigError(f"{what} {p} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
     if mode & forbidden:
-        others = "written by others" if forbidden == 0o022 else "read or written by others"
-        raise ConfigError(f"{what} {p} can be {others} (mode {mode:o}): chmod {mode & ~forbidden:o} it")
+        if forbidden == 0o022:  # a folder: /tmp and the like are shared on purpose
+            raise ConfigError(f"{what} {p} can be written by others (mode {mode:o}): keep the key in a folder "
+                              "only this user may write to")
+        raise ConfigError(f"{what} {p} can be read or written by others (mode {mode:o}): chmod {mode & ~forbidden:o} it")
 
 
 def _create_key(p: Path) -> None:

@@ -32,6 +32,20 @@ def test_thesis_dp_configs_state_the_poisson_assumption():
         assert cfg.accounted_sampling() == "poisson"
 
 
+def _recomputed_epsilon(cfg, rounds: int, sampling: str, **ledger) -> float:
+    """Rebuild the record's scheme from its config (σ as the run calibrated it; the sampling it must
+    account) and compose its last step's event over `rounds`."""
+    model = build_model(cfg.model.name, seed=0, **cfg.model.options)
+    n = sum(p.numel() for p in model.parameters())
+    scheme = build_run_scheme(cfg, n)
+    assert scheme.privacy_sampling == sampling
+    ctx = SimpleNamespace(n_params=n, cohort=np.arange(cfg.cohort_size()), round=1)
+    (event,) = scheme.steps[-1].privacy_events(ctx)
+    led = Ledger(cfg.privacy.accountant, **ledger)
+    led.add(event, count=rounds)
+    return led.epsilon(cfg.privacy.delta)
+
+
 def _dp_records():
     """The thesis tables' DP records (records/table-*; the issue-41 comparison accounts otherwise: below)."""
     return sorted(p.parent for p in RECORDS.glob("table-*/*/config.toml") if _dp(p))
@@ -47,15 +61,7 @@ def test_committed_dp_record_epsilon_is_the_poisson_accounting(run_dir):
         pytest.skip("σ calibration under pld takes ~10 s; the config check above covers the assumption")
     _, metrics = load_run(run_dir)
     assert not any("aborted" in m for m in metrics) and cfg.federation.dropout == 0
-    model = build_model(cfg.model.name, seed=0, **cfg.model.options)
-    n = sum(p.numel() for p in model.parameters())
-    scheme = build_run_scheme(cfg, n)
-    assert scheme.privacy_sampling == "poisson"
-    ctx = SimpleNamespace(n_params=n, cohort=np.arange(cfg.cohort_size()), round=1)
-    (event,) = scheme.steps[-1].privacy_events(ctx)
-    led = Ledger(cfg.privacy.accountant)
-    led.add(event, count=len(metrics))
-    assert metrics[-1]["epsilon"] == pytest.approx(led.epsilon(cfg.privacy.delta), rel=1e-6)
+    assert metrics[-1]["epsilon"] == pytest.approx(_recomputed_epsilon(cfg, len(metrics), "poisson"), rel=1e-6)
     assert metrics[-1].get("epsilon_sampling", "poisson") == "poisson"
 
 
@@ -72,12 +78,5 @@ def test_correlated_noise_records_account_as_drawn_or_on_participation(run_dir):
     assert {m["epsilon_sampling"] for m in metrics} == {"none" if correlated else "without-replacement"}
     if correlated or cfg.scheme.options.get("clip") == "adaptive":
         return
-    model = build_model(cfg.model.name, seed=0, **cfg.model.options)
-    n = sum(p.numel() for p in model.parameters())
-    scheme = build_run_scheme(cfg, n)
-    assert scheme.privacy_sampling == "without-replacement"
-    ctx = SimpleNamespace(n_params=n, cohort=np.arange(cfg.cohort_size()), round=1)
-    (event,) = scheme.steps[-1].privacy_events(ctx)
-    led = Ledger(cfg.privacy.accountant, neighbouring="replace_one")
-    led.add(event, count=len(metrics))
-    assert metrics[-1]["epsilon"] == pytest.approx(led.epsilon(cfg.privacy.delta), rel=1e-6)
+    got = _recomputed_epsilon(cfg, len(metrics), "without-replacement", neighbouring="replace_one")
+    assert metrics[-1]["epsilon"] == pytest.approx(got, rel=1e-6)
