@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,8 +96,19 @@ class Prepared:
 
 
 Exchange = Callable[..., dict[int, Reply]]
-"""exchange(kind, contents, timeout, quorum=None) → replies by node: `quorum` answers in, the rest
-get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
+"""exchange(kind, contents, timeout, quorum=None) → replies by node: once the `quorum` is met, the
+rest get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
+
+Quorum = int | tuple[tuple[frozenset[int], int], ...]
+"""k: k answers from the nodes sent to; ((nodes, k), ...): k answers from each group of nodes."""
+
+
+def quorum_open(quorum: Quorum, sent: Collection[int], answered: Collection[int], pending: Collection[int]) -> bool:
+    """Whether to keep waiting for the pending nodes without a grace: some group of the quorum has
+    fewer than its k answers (`answered`: replies with content) and could still reach k."""
+    groups = ((frozenset(sent), quorum),) if isinstance(quorum, int) else quorum
+    ok, wait = set(answered), set(pending)
+    return any(len(g & ok) < k <= len(g & (ok | wait)) for g, k in groups)
 
 
 def _redraws(scheme: Any) -> bool:
@@ -404,9 +415,9 @@ class Coordinator:
             out.update(fed_accuracy=tot["correct"] / tot["n"], fed_loss=tot["loss_sum"] / tot["n"])
         return out
 
-    def send(self, kind: str, contents: dict[int, RecordDict], quorum: int | None = None) -> dict[int, Reply]:
+    def send(self, kind: str, contents: dict[int, RecordDict], quorum: Quorum | None = None) -> dict[int, Reply]:
         """Send, count bytes, and keep the replies that carry content (errors are logged: dropped).
-        Once `quorum` nodes have answered, the others get a short grace (`Exchange`)."""
+        Once the `quorum` is met, the others get a short grace (`Exchange`)."""
         t0 = time.perf_counter()
         replies = self.exchange(kind, contents, self.timeout, quorum)
         split = {"wall": time.perf_counter() - t0, "launch": 0.0, "import": 0.0, "work": 0.0}
@@ -646,8 +657,10 @@ class Coordinator:
         if nxt is not None:
             for i, p in nxt[1].items():
                 parts.setdefault(nxt[0].node_at[i], {}).update({wire.NEXT_PLAN: p["plan"], wire.NEXT_KEYS: p["keys"]})
-        replies = self.send("train.sa_unmask", {node: RecordDict(p) for node, p in parts.items()},
-                            max(need, nxt[0].rnd.cfg.min_survivors) if nxt else need)
+        quorum = ((frozenset(node_at[i] for i in asked), need),)  # the next cohort's own answers count apart
+        if nxt is not None:
+            quorum += ((frozenset(nxt[0].node_at[i] for i in nxt[1]), nxt[0].rnd.cfg.min_survivors),)
+        replies = self.send("train.sa_unmask", {node: RecordDict(p) for node, p in parts.items()}, quorum)
         if nxt is not None:
             try:
                 self.prepared = self.take_shares(nxt[0], replies, wire.NEXT_SECAGG)

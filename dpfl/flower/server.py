@@ -32,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
 from dpfl.flower.client import CONFIG_KEY, parse_run_config, run_config_text
-from dpfl.flower.coordinator import EVALUATION, Coordinator, Reply
+from dpfl.flower.coordinator import EVALUATION, Coordinator, Quorum, Reply, quorum_open
 from dpfl.flower.wire import content_nbytes
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproducible": False, "timeout": 300.0,
@@ -42,8 +42,9 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproduci
 class GridExchange:
     """`Exchange` over Flower: one message per node, replies matched to the message they answer
     (`reply_to_message_id`: the SuperLink's own "node unavailable" replies come from node 0) and
-    collected until `timeout`, or, once `quorum` nodes have answered, for a grace period as long
-    again as the quorum took (at least `GRACE_MIN` s): a lost site costs seconds, not the timeout.
+    collected until `timeout`, or, once the `quorum` is met (`quorum_open`: replies with content
+    count) or can no longer be, for a grace period as long again as that took (at least `GRACE_MIN`
+    s): a lost site costs seconds, not the timeout.
     Pulled every `poll` s (`Grid.send_and_receive` waits 3 s between pulls)."""
 
     GRACE_MIN = 5.0
@@ -55,7 +56,7 @@ class GridExchange:
         return sorted(int(n) for n in self.grid.get_node_ids())
 
     def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float,
-                 quorum: int | None = None) -> dict[int, Reply]:
+                 quorum: Quorum | None = None) -> dict[int, Reply]:
         msgs = [Message(content, dst_node_id=node, message_type=kind) for node, content in contents.items()]
         down = {m.metadata.dst_node_id: content_nbytes(m) for m in msgs}
         ids = list(self.grid.push_messages(msgs))
@@ -76,7 +77,8 @@ class GridExchange:
                 else:
                     out[node] = Reply(rep.content, None, content_nbytes(rep), down[node])
             now = time.monotonic()
-            if quorum is not None and len(out) >= quorum and pending:
+            if quorum is not None and pending and not quorum_open(
+                    quorum, contents, [n for n, r in out.items() if r.content is not None], [node_of[m] for m in pending]):
                 deadline = min(deadline, now + max(self.GRACE_MIN, now - start))
                 quorum = None  # the grace is set once, when the quorum is reached
             if not pending or now > deadline:
