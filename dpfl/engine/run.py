@@ -93,12 +93,14 @@ def hash_tensors(tensors: list[torch.Tensor], h: Any = None) -> Any:
     return h
 
 
-def sites_record(sites: dict[int, str]) -> dict[str, Any]:
-    """The data record of a server that holds no data: each site's data MAC (its hello's), and one
-    SHA-256 of them all."""
+def sites_record(sites: dict[int, str], salt: bytes | None) -> dict[str, Any]:
+    """The data record of a server that holds no data: each site's data MAC (its hello's), the
+    run's salt of those MACs, and one SHA-256 of them all."""
     by_id = {str(c): h for c, h in sorted(sites.items())}
+    salt_hex = None if salt is None else salt.hex()
     return {"dataset": "sites", "source": "each site's own data; the server loads none",
-            "sha256": hashlib.sha256(json.dumps(by_id).encode()).hexdigest(), "sites": by_id}
+            "sha256": hashlib.sha256(json.dumps([salt_hex, by_id]).encode()).hexdigest(), "sites": by_id,
+            "mac_salt": salt_hex}
 
 
 def build_federation(cfg: RunConfig, seeds: Seeds) -> Federation:
@@ -218,6 +220,7 @@ class Run:
         keep_freed_memory()
         self.fed: Federation | None = build_federation(cfg, self.seeds) if data else None
         self.sites: dict[int, str] = {}  # client id → its data MAC (a deployment's hello)
+        self.site_salt: bytes | None = None  # the run's salt of those MACs (a deployment's; kept on resume)
         if cfg.eval.metric not in (None, "accuracy") and self.fed is None:
             raise ConfigError(f"eval.metric = {cfg.eval.metric!r} needs the server's evaluation; the sites' "
                               "(evaluation = 'federated') gives fed_accuracy: use 'accuracy', or evaluation = "
@@ -403,7 +406,7 @@ class Run:
     def data_record(self) -> dict[str, Any]:
         """`Federation.record()` of this run's data (computed once); without data, `sites_record`."""
         if self.fed is None:
-            return sites_record(self.sites)
+            return sites_record(self.sites, self.site_salt)
         if self._data_record is None:
             self._data_record = self.fed.record()
         return self._data_record
@@ -528,7 +531,8 @@ class Run:
                 "record": None if self.record is None else self.record.state_dict(),
                 "cum": dict(self.cum), "best": self.best, "stopped": self.stopped_reason,
                 "sigmas": self.sigmas(), "data": self.data_record(), "code": self.code,
-                "noise_key": self.noise_key}  # a deployed server's key for redrawn noise (Coordinator)
+                "noise_key": self.noise_key,  # a deployed server's key for redrawn noise (Coordinator)
+                "sites": {str(c): h for c, h in sorted(self.sites.items())}, "site_salt": self.site_salt}
 
     def save_checkpoint(self) -> None:
         ckpt.save(self.state_dict(), self.out / CHECKPOINT)
@@ -567,6 +571,7 @@ class Run:
             self.noise_key = st.get("noise_key")
             if self.noise_key is not None and (not isinstance(self.noise_key, bytes) or len(self.noise_key) != 32):
                 raise ValueError("'noise_key' must be 32 bytes")
+            self.sites, self.site_salt = _sites(st)
             # a new part when other code, or another device or CPU, runs the rest (unknown where: code alone)
             here = self.code[0]["ran_on"]  # this process's part, set in __init__
             last = {k: v for k, v in was[-1].items() if k not in ("from_round", "ran_on")} if was else None
@@ -617,13 +622,9 @@ class Run:
         sim = cls(cfg, out, log, data=data, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
         now = sim.data_record()
-        if not data:
-            sites = was.get("sites") if isinstance(was, dict) else None
-            if isinstance(sites, dict) and all(isinstance(c, str) and c.isdigit() and isinstance(h, str) for c, h in sites.items()):
-                sim.sites = {int(c): h for c, h in sites.items()}
-            else:
-                log(f"note: {out / CHECKPOINT} records no site data MACs: the sites' data cannot be checked")
-        elif was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
+        if not data and sim.site_salt is None:
+            log(f"note: {out / CHECKPOINT} records no salted site data MACs: the sites' data cannot be checked")
+        if data and was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
             raise DataError(f"{out}: the data differ from the run's: it used {was.get('dataset')} "
                             f"(sha256 {str(was.get('sha256'))[:12]}), now {now['dataset']} (sha256 "
                             f"{now['sha256'][:12]}); refusing to resume on other data")
@@ -750,3 +751,18 @@ def _code_history(v: Any, source: str) -> list[dict[str, Any]]:
     if not ok:
         raise DataError(f"{source}: 'code' must be a list of code versions (dpfl, commit, modified, from_round)")
     return v
+
+
+def _sites(st: dict[str, Any]) -> tuple[dict[int, str], bytes | None]:
+    """A checkpoint's site data MACs and their salt (a deployment's), checked to be plain data; a
+    checkpoint from before they were kept has none."""
+    sites, salt = st.get("sites", {}), st.get("site_salt")
+    if not isinstance(sites, dict) or not all(
+            isinstance(c, str) and c.isdigit() and isinstance(h, str) and len(h) == 64
+            and set(h) <= set("0123456789abcdef") for c, h in sites.items()):
+        raise ValueError("'sites' must map client ids to 64-hex-digit data MACs")
+    if salt is not None and (not isinstance(salt, bytes) or len(salt) != 32):
+        raise ValueError("'site_salt' must be 32 bytes")
+    if sites and salt is None:
+        raise ValueError("'sites' holds data MACs without their salt")
+    return {int(c): h for c, h in sites.items()}, salt

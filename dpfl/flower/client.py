@@ -2,7 +2,8 @@
 
 Message types (content records in `wire`):
 
-    query              hello: client id, data size, the MAC of its training and held-out arrays (keyed by its site key),
+    query              hello (the server sends the run's salt): client id, data size, the MAC of the salt and
+                       its training and held-out arrays (keyed by its site key),
                        the scheme it built; for secure schemes also
                        its two X25519 public keys of every round (advertised ahead of time) and,
                        on a signing node, its Ed25519 key of the run, that key's binding to the
@@ -113,12 +114,13 @@ def local_client(node_config: Mapping[str, Any], run_config: Mapping[str, Any]):
 
 
 def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_config: Mapping) -> RecordDict:
+    salt = wire.read_hello_request(content)
     c = local_client(node_config, run_config)
     if c.node.seeded:
         log.warning("client %d: dpfl-seeded = true: its randomness comes from the config seed, reproducible "
                     "and NOT private (tests only)", c.cid)
     reply = ConfigRecord({"cid": c.cid, "size": c.size, "describe": c.scheme.describe(), "seeded": c.node.seeded,
-                          "data_mac": c.data_mac()})
+                          "data_mac": c.data_mac(salt)})
     if c.scheme.transport.secure:
         if NODE not in state:
             state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0, "first_round": 0})

@@ -36,7 +36,9 @@ others not is a ConfigError at start.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
@@ -162,6 +164,9 @@ class Coordinator:
             if _redraws(self.state.scheme):  # kept in the checkpoint (mode 0600) only where it is needed
                 self.state.noise_key = self.state.seeds.key
         self.state.setup()
+        if self.state.site_salt is None:  # the salt of the sites' data MACs: one per run, kept on resume
+            self.state.site_salt = (hashlib.sha256(f"dpfl site data salt;{cfg.seed}".encode()).digest()
+                                    if reproducible else os.urandom(wire.SALT_BYTES))
         self.scheme = self.state.scheme
         if self.scheme.transport.drop_after_masking:
             log("note: drop_after_masking simulates failures; over Flower only real failures happen")
@@ -212,7 +217,8 @@ class Coordinator:
         n = self.cfg.data.n_clients
         if len(self.nodes) < n:
             raise ConfigError(f"{len(self.nodes)} nodes connected but data.n_clients = {n}: one node per client")
-        replies = self.exchange("query", {node: RecordDict() for node in self.nodes}, self.timeout, n)
+        replies = self.exchange("query", {node: wire.hello_request(self.state.site_salt) for node in self.nodes},
+                                self.timeout, n)
         seeded, claims, left = set(), {}, {}
         for node in self.nodes:
             rep = replies.get(node)
@@ -304,7 +310,8 @@ class Coordinator:
         ask = sorted(new | (self.erred & known))
         if not ask:
             return []
-        replies = self.exchange("query", {node: RecordDict() for node in ask}, self.timeout, len(ask))
+        replies = self.exchange("query", {node: wire.hello_request(self.state.site_salt) for node in ask}, self.timeout,
+                                len(ask))
         back = []
         for node in ask:
             rep = replies.get(node)

@@ -39,7 +39,7 @@ from dpfl.secagg import ring
 from dpfl.secagg.graph import default_threshold
 from dpfl.secagg.protocol import RoundConfig
 
-DATA_MAC_DOMAIN = b"dpfl site data v1;"
+DATA_MAC_DOMAIN = b"dpfl site data v2;"  # then the run's salt, then the arrays
 
 
 class OsSeeds(Seeds):
@@ -319,12 +319,13 @@ class LocalClient:
         idx = torch.from_numpy(site_test_split(len(fed.y_test), self.cfg.data.n_clients, self.cfg.seed)[self.cid])
         return fed.x_test[idx].to(self.device), fed.y_test[idx].to(self.device)
 
-    def data_mac(self) -> str:
-        """HMAC-SHA256 of this site's training and held-out arrays as loaded, under its site key
-        (`certs.site_key`), which never leaves the site: the hello sends it, the run records it and a
-        resumed run checks it; without the key it says nothing about the data."""
+    def data_mac(self, salt: bytes) -> str:
+        """HMAC-SHA256 of the run's `salt` and this site's training and held-out arrays as loaded,
+        under its site key (`certs.site_key`), which never leaves the site: the hello sends it, the
+        run records it and a resumed run checks it; without the key it says nothing about the data,
+        and runs with other salts get unrelated MACs of the same data."""
         held_out = [] if self.x_test is None else [self.x_test, self.y_test]
-        mac = hmac.new(site_key(self.node.site_key), DATA_MAC_DOMAIN, hashlib.sha256)
+        mac = hmac.new(site_key(self.node.site_key), DATA_MAC_DOMAIN + salt, hashlib.sha256)
         return hash_tensors([self.x, self.y, *held_out], mac).hexdigest()
 
     def evaluate(self, w: torch.Tensor) -> dict[str, float | int]:

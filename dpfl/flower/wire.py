@@ -42,6 +42,8 @@ EVALUATE = "evaluate"  # in a training message: evaluate the model received firs
 EVALUATION = "evaluation"  # in its reply: the counts of that evaluation
 NEXT_PLAN, NEXT_KEYS = "next_plan", "next_keys"  # in an unmask message: the next round's phase 1
 NEXT_SECAGG, NEXT_ERROR = "next_secagg", "next_error"  # in its reply: that round's shares, or why not
+HELLO = "hello"  # the server's hello: the run's salt for the sites' data MACs
+SALT_BYTES = 32
 
 
 def _get(rec: ConfigRecord, key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -172,6 +174,19 @@ class RoundPlan:
                                signing_keys, ids)
         except ConfigError as e:
             raise ProtocolError(f"round {self.round}: the plan's secure-sum configuration is invalid: {e}") from None
+
+
+def hello_request(salt: bytes) -> RecordDict:
+    """The server's hello: the run's salt for the sites' data MACs (public; one per run, kept on resume)."""
+    return RecordDict({HELLO: ConfigRecord({"mac_salt": salt})})
+
+
+def read_hello_request(content: RecordDict) -> bytes:
+    """The salt of the server's hello: exactly `SALT_BYTES` bytes, else ProtocolError."""
+    salt = _get(_record(content, HELLO, "hello request"), "mac_salt", bytes, "hello request")
+    if len(salt) != SALT_BYTES:
+        raise ProtocolError(f"hello request: field 'mac_salt' must be {SALT_BYTES} bytes, got {len(salt)}")
+    return salt
 
 
 SIGNING_FIELDS = ("sign_pk", "binding", "keys_sig")  # a signing node's hello: Ed25519 key, binding, round key sigs

@@ -48,15 +48,17 @@ def test_a_federated_only_server_loads_no_data_and_ends_as_the_simulator(tmp_pat
     files = site_files(data, tmp_path)
     sim, _ = simulate(data)
     cfg = load_config(data=data)
-    hashes = {str(i): LocalClient(cfg, NodeSettings(i, f["data-path"], True, f["test-path"],
-                                                    data_shape=f.get("data-shape"))).data_mac()
-              for i, f in files.items()}
     _no_dataset(monkeypatch)
     out = tmp_path / "out"
     co = Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
                      log=lambda s: None, evaluation="federated")
     summary = co.run()
     monkeypatch.undo()
+    salt = co.state.site_salt
+    hashes = {str(i): LocalClient(cfg, NodeSettings(i, f["data-path"], True, f["test-path"],
+                                                    data_shape=f.get("data-shape"))).data_mac(salt)
+              for i, f in files.items()}
+    assert len(salt) == 32 and summary["data"]["mac_salt"] == salt.hex()
     assert co.state.fed is None
     assert torch.equal(co.state.w, sim.w)
     lines = [json.loads(ln) for ln in (out / METRICS).read_text().splitlines()]
@@ -71,6 +73,7 @@ def test_a_federated_only_server_loads_no_data_and_ends_as_the_simulator(tmp_pat
     assert summary["best"]["fed_accuracy"] == best["fed_accuracy"]
     assert len(set(hashes.values())) == 3 and summary["data"]["sites"] == hashes
     assert json.loads((out / SUMMARY).read_text())["data"] == summary["data"] == ckpt.load(out / CHECKPOINT)["data"]
+    assert ckpt.load(out / CHECKPOINT)["sites"] == hashes and ckpt.load(out / CHECKPOINT)["site_salt"] == salt
     head = (out / CONFIG).read_text()
     assert all(f"# site {i}: data MAC {h}\n" in head for i, h in hashes.items())
     assert {p.name for p in out.iterdir()} == set(RUN_FILES)
@@ -104,6 +107,36 @@ def test_a_resumed_federated_run_refuses_a_site_whose_data_changed(tmp_path, mon
                                           r"resume it with the same evaluation$"):
         Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
                     log=lambda s: None, resume=True, evaluation="both")  # (refused before loading data)
+
+
+def test_a_resumed_run_with_server_data_checks_the_sites_data_too(tmp_path):
+    data = config(federation={"rounds": 2, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    cfg, out = load_config(data=data), tmp_path / "out"
+    first = Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                        log=lambda s: None, evaluation="both")
+    first.run()
+    assert sorted(ckpt.load(out / CHECKPOINT)["sites"]) == ["0", "1", "2"]
+    test = Path(files[2]["test-path"])
+    with np.load(test) as f:
+        np.savez(test, x=f["x"][1:], y=f["y"][1:])
+    with pytest.raises(DataError, match=r"^client 2's data differ from the run's"):
+        Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                    log=lambda s: None, resume=True, evaluation="both").run()
+
+
+def test_each_run_salts_the_sites_data_macs_afresh(tmp_path):
+    data = config(federation={"rounds": 1, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    cfg = load_config(data=data)
+    runs = [Coordinator(cfg, _sites(data, files), list(range(100, 103)), log=lambda s: None, evaluation="federated")
+            for _ in range(2)]
+    for co in runs:
+        co.run()
+    (a, b) = runs
+    assert a.state.site_salt != b.state.site_salt and len(a.state.site_salt) == 32
+    assert set(a.state.sites) == set(b.state.sites) == {0, 1, 2}
+    assert all(a.state.sites[c] != b.state.sites[c] for c in range(3))  # the same data, unrelated MACs
 
 
 def test_a_run_whose_server_held_data_is_not_resumed_without(tmp_path):

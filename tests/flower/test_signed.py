@@ -109,7 +109,7 @@ def test_some_nodes_signing_and_others_not_is_a_config_error_at_start(pki):
 def test_half_a_signing_configuration_is_refused(pki):
     half = {100: {"partition-id": 0, "num-partitions": 3, "signing-key": str(pki / "node-0")}}
     with pytest.raises(ConfigError, match="signing-key and peers go together"):
-        fclient.hello(ConfigRecord(), {}, half[100], {"dpfl-config": tomli_w.dumps(config(SIGN_DP))})
+        fclient.hello(wire.hello_request(b"s" * 32), {}, half[100], {"dpfl-config": tomli_w.dumps(config(SIGN_DP))})
 
 
 def test_the_peers_file_is_the_registered_keys_and_bad_ones_are_one_line(pki, tmp_path):

@@ -69,11 +69,12 @@ def test_the_data_mac_needs_the_site_key(tmp_path):
                                   cfg.data.n_clients)
         return LocalClient(cfg, node)
 
-    a = client(1, "key-a")
-    mac = a.data_mac()
-    assert len(mac) == 64 and mac == client(1, "key-a").data_mac()  # the same data and key: the same MAC
-    assert client(1, "key-b").data_mac() != mac  # another key
-    assert client(2, "key-a").data_mac() != mac  # other data
+    a, salt = client(1, "key-a"), b"s" * 32
+    mac = a.data_mac(salt)
+    assert len(mac) == 64 and mac == client(1, "key-a").data_mac(salt)  # the same data, key and salt: the same MAC
+    assert client(1, "key-b").data_mac(salt) != mac  # another key
+    assert client(2, "key-a").data_mac(salt) != mac  # other data
+    assert a.data_mac(b"t" * 32) != mac  # another run's salt: the same data are not linkable
     assert mac != hash_tensors([a.x, a.y, a.x_test, a.y_test]).hexdigest()  # not the unkeyed hash
 
 

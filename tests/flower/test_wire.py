@@ -160,6 +160,15 @@ def test_a_hello_carries_the_sites_data_mac_or_is_refused():
         wire.read_hello({wire.REPLY: ConfigRecord(rec)}, 2, False)
 
 
+def test_the_servers_hello_carries_a_32_byte_salt_or_is_refused():
+    assert wire.read_hello_request(wire.hello_request(b"s" * 32)) == b"s" * 32
+    for bad in (b"s" * 31, b"s" * 33, b"", "s" * 32, 7):
+        with pytest.raises(ProtocolError, match="hello request: field 'mac_salt'"):
+            wire.read_hello_request({wire.HELLO: ConfigRecord({"mac_salt": bad})})
+    with pytest.raises(ProtocolError, match="hello request: record 'hello' is missing"):
+        wire.read_hello_request({})
+
+
 def test_a_client_refuses_a_weaker_secure_sum_configuration():
     sa = SecAggTransport("int", bits=12, max_dropouts=1)
     graph = {u: tuple(v for v in range(5) if v != u) for u in range(5)}

@@ -57,7 +57,7 @@ def test_a_message_in_the_worker_equals_the_message_in_process(sockets):
     with pytest.raises(ProtocolError, match="this client is after 'masked'"):  # the state came back: phase done
         worker.call("train.sa_train", content, after["train.sa_train"], nc, rc, run_id=7, node_id=100)
     with pytest.raises(ConfigError, match="partition-id must be an integer"):
-        worker.call("query", content, state, {"partition-id": 9}, rc, run_id=7, node_id=100)
+        worker.call("query", seen["query"][1], state, {"partition-id": 9}, rc, run_id=7, node_id=100)
 
 
 def test_a_socket_directory_others_can_open_is_refused(sockets):
