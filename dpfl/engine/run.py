@@ -93,14 +93,12 @@ def hash_tensors(tensors: list[torch.Tensor], h: Any = None) -> Any:
     return h
 
 
-def sites_record(sites: dict[int, str], salt: bytes | None) -> dict[str, Any]:
-    """The data record of a server that holds no data: each site's data MAC (its hello's), the
-    run's salt of those MACs, and one SHA-256 of them all."""
+def sites_record(sites: dict[int, str]) -> dict[str, Any]:
+    """The data record of a server that holds no data: each site's data MAC (its hello's), and one
+    SHA-256 of them all. (Their salt stays in the checkpoint: with it, another run could link them.)"""
     by_id = {str(c): h for c, h in sorted(sites.items())}
-    salt_hex = None if salt is None else salt.hex()
     return {"dataset": "sites", "source": "each site's own data; the server loads none",
-            "sha256": hashlib.sha256(json.dumps([salt_hex, by_id]).encode()).hexdigest(), "sites": by_id,
-            "mac_salt": salt_hex}
+            "sha256": hashlib.sha256(json.dumps(by_id).encode()).hexdigest(), "sites": by_id}
 
 
 def build_federation(cfg: RunConfig, seeds: Seeds) -> Federation:
@@ -406,7 +404,7 @@ class Run:
     def data_record(self) -> dict[str, Any]:
         """`Federation.record()` of this run's data (computed once); without data, `sites_record`."""
         if self.fed is None:
-            return sites_record(self.sites, self.site_salt)
+            return sites_record(self.sites)
         if self._data_record is None:
             self._data_record = self.fed.record()
         return self._data_record
@@ -571,7 +569,7 @@ class Run:
             self.noise_key = st.get("noise_key")
             if self.noise_key is not None and (not isinstance(self.noise_key, bytes) or len(self.noise_key) != 32):
                 raise ValueError("'noise_key' must be 32 bytes")
-            self.sites, self.site_salt = _sites(st)
+            self.sites, self.site_salt = _sites(st, self.cfg.data.n_clients)
             # a new part when other code, or another device or CPU, runs the rest (unknown where: code alone)
             here = self.code[0]["ran_on"]  # this process's part, set in __init__
             last = {k: v for k, v in was[-1].items() if k not in ("from_round", "ran_on")} if was else None
@@ -587,7 +585,8 @@ class Run:
                allow_recalibration: bool = False, resources: dict[str, Any] | None = None, data: bool = True) -> Self:
         """Continue the run in `out_dir` from its checkpoint (optionally to `rounds` rounds in total;
         `resources`: this process's run.threads / device / max_cohort / checkpoint_every, else the run's;
-        `data=False`: a server without data, whose `sites` then hold the recorded site data MACs to check).
+        `data=False`: a server without data; a deployed server's `sites` and `site_salt` come back from
+        the checkpoint, to check the sites' data against).
 
         Refuses (DpflError) a checkpoint that is not plain data or is corrupt, data that differ from
         the run's, fewer rounds than already run, and a noise multiplier σ that changed (e.g. one that
@@ -622,8 +621,6 @@ class Run:
         sim = cls(cfg, out, log, data=data, _resuming=True)
         sim.load_state_dict(st, str(out / CHECKPOINT))
         now = sim.data_record()
-        if not data and sim.site_salt is None:
-            log(f"note: {out / CHECKPOINT} records no salted site data MACs: the sites' data cannot be checked")
         if data and was is not None and (was.get("dataset"), was.get("sha256")) != (now["dataset"], now["sha256"]):
             raise DataError(f"{out}: the data differ from the run's: it used {was.get('dataset')} "
                             f"(sha256 {str(was.get('sha256'))[:12]}), now {now['dataset']} (sha256 "
@@ -753,14 +750,14 @@ def _code_history(v: Any, source: str) -> list[dict[str, Any]]:
     return v
 
 
-def _sites(st: dict[str, Any]) -> tuple[dict[int, str], bytes | None]:
+def _sites(st: dict[str, Any], n: int) -> tuple[dict[int, str], bytes | None]:
     """A checkpoint's site data MACs and their salt (a deployment's), checked to be plain data; a
     checkpoint from before they were kept has none."""
     sites, salt = st.get("sites", {}), st.get("site_salt")
     if not isinstance(sites, dict) or not all(
-            isinstance(c, str) and c.isdigit() and isinstance(h, str) and len(h) == 64
-            and set(h) <= set("0123456789abcdef") for c, h in sites.items()):
-        raise ValueError("'sites' must map client ids to 64-hex-digit data MACs")
+            isinstance(c, str) and c.isascii() and c.isdigit() and c == str(int(c)) and int(c) < n
+            and isinstance(h, str) and len(h) == 64 and set(h) <= set("0123456789abcdef") for c, h in sites.items()):
+        raise ValueError(f"'sites' must map client ids in [0, {n}) to 64-hex-digit data MACs")
     if salt is not None and (not isinstance(salt, bytes) or len(salt) != 32):
         raise ValueError("'site_salt' must be 32 bytes")
     if sites and salt is None:

@@ -120,7 +120,8 @@ def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_conf
         log.warning("client %d: dpfl-seeded = true: its randomness comes from the config seed, reproducible "
                     "and NOT private (tests only)", c.cid)
     reply = ConfigRecord({"cid": c.cid, "size": c.size, "describe": c.scheme.describe(), "seeded": c.node.seeded,
-                          "data_mac": c.data_mac(salt)})
+                          "data_mac": c.data_mac(salt),
+                          "data_mac_salted": True})
     if c.scheme.transport.secure:
         if NODE not in state:
             state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0, "first_round": 0})

@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,12 @@ Quorum = int | tuple[tuple[frozenset[int], int], ...]
 
 def quorum_open(quorum: Quorum, sent: Collection[int], answered: Collection[int], pending: Collection[int]) -> bool:
     """Whether to keep waiting for the pending nodes without a grace: some group of the quorum has
-    fewer than its k answers (`answered`: replies with content) and could still reach k."""
-    groups = ((frozenset(sent), quorum),) if isinstance(quorum, int) else quorum
+    fewer than its k answers (`answered`: replies with content) and could still reach k, or, where
+    errors made that impossible, fewer than k replies of any kind (fewer answers are still of use)."""
+    groups = ((frozenset(sent), int(quorum)),) if isinstance(quorum, Integral) else quorum
     ok, wait = set(answered), set(pending)
-    return any(len(g & ok) < k <= len(g & (ok | wait)) for g, k in groups)
+    replied = set(sent) - wait
+    return any(len(g & ok) < k and (k <= len(g & (ok | wait)) or len(g & replied) < k) for g, k in groups)
 
 
 def _redraws(scheme: Any) -> bool:
@@ -165,6 +168,9 @@ class Coordinator:
                 self.state.noise_key = self.state.seeds.key
         self.state.setup()
         if self.state.site_salt is None:  # the salt of the sites' data MACs: one per run, kept on resume
+            if resume:
+                log(f"note: {self.out / CHECKPOINT} records no salted site data MACs (written before 2026-11-28): "
+                    "the sites' data cannot be checked against the run's; they are recorded afresh")
             self.state.site_salt = (hashlib.sha256(f"dpfl site data salt;{cfg.seed}".encode()).digest()
                                     if reproducible else os.urandom(wire.SALT_BYTES))
         self.scheme = self.state.scheme

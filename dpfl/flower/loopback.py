@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 
 from dpfl.flower import wire
 from dpfl.flower.client import HANDLERS
-from dpfl.flower.coordinator import Reply
+from dpfl.flower.coordinator import Quorum, Reply
 
 
 class Loopback:
@@ -51,7 +51,7 @@ class Loopback:
         return nid
 
     def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float,
-                 quorum: int | None = None) -> dict[int, Reply]:
+                 quorum: Quorum | None = None) -> dict[int, Reply]:
         out = {}
         self.calls.append((kind, sorted(contents)))
         if self.before is not None:

@@ -183,7 +183,10 @@ def hello_request(salt: bytes) -> RecordDict:
 
 def read_hello_request(content: RecordDict) -> bytes:
     """The salt of the server's hello: exactly `SALT_BYTES` bytes, else ProtocolError."""
-    salt = _get(_record(content, HELLO, "hello request"), "mac_salt", bytes, "hello request")
+    if HELLO not in content:
+        raise ProtocolError("hello request: record 'hello' is missing (a server from before 2026-11-28, whose hello "
+                            "carries no data MAC salt?)")
+    salt = _get(content[HELLO], "mac_salt", bytes, "hello request")
     if len(salt) != SALT_BYTES:
         raise ProtocolError(f"hello request: field 'mac_salt' must be {SALT_BYTES} bytes, got {len(salt)}")
     return salt
@@ -204,6 +207,9 @@ def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]
            "data": _get(rec, "data_mac", str, w), "keys": [], "signing": None}
     if len(out["data"]) != 64 or not set(out["data"]) <= set("0123456789abcdef"):
         raise ProtocolError(f"{w}: field 'data_mac' must be an HMAC-SHA256 in 64 lowercase hex digits")
+    if rec.get("data_mac_salted") is not True:
+        raise ProtocolError(f"{w}: the site's data MAC is not salted with the run's salt (a dpfl from before "
+                            "2026-11-28 on the site?): update the site")
     if secure:
         enc, mask = _get(rec, "enc_pk", list, w), _get(rec, "mask_pk", list, w)
         if not len(enc) == len(mask) == rounds:

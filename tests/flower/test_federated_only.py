@@ -58,7 +58,7 @@ def test_a_federated_only_server_loads_no_data_and_ends_as_the_simulator(tmp_pat
     hashes = {str(i): LocalClient(cfg, NodeSettings(i, f["data-path"], True, f["test-path"],
                                                     data_shape=f.get("data-shape"))).data_mac(salt)
               for i, f in files.items()}
-    assert len(salt) == 32 and summary["data"]["mac_salt"] == salt.hex()
+    assert len(salt) == 32 and salt.hex() not in json.dumps(summary) and salt.hex() not in (out / CONFIG).read_text()
     assert co.state.fed is None
     assert torch.equal(co.state.w, sim.w)
     lines = [json.loads(ln) for ln in (out / METRICS).read_text().splitlines()]
@@ -123,6 +123,23 @@ def test_a_resumed_run_with_server_data_checks_the_sites_data_too(tmp_path):
     with pytest.raises(DataError, match=r"^client 2's data differ from the run's"):
         Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
                     log=lambda s: None, resume=True, evaluation="both").run()
+
+
+@pytest.mark.parametrize("sites, salt", [({"99": "a" * 64}, b"s" * 32), ({"\u0661": "a" * 64}, b"s" * 32),
+                                         ({"01": "a" * 64}, b"s" * 32), ({"1": "A" * 64}, b"s" * 32),
+                                         ({"1": "a" * 64}, None), ({}, b"s" * 31)])
+def test_a_checkpoints_site_macs_are_checked(tmp_path, sites, salt, monkeypatch):
+    data = config(federation={"rounds": 1, "clients_per_round": 3})
+    files = site_files(data, tmp_path)
+    cfg, out = load_config(data=data), tmp_path / "out"
+    _no_dataset(monkeypatch)
+    Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                log=lambda s: None, evaluation="federated").run()
+    st = ckpt.load(out / CHECKPOINT)
+    ckpt.save({**st, "sites": sites, "site_salt": salt}, out / CHECKPOINT)
+    with pytest.raises(DataError, match="checkpoint.pt: does not fit this run .*'s(ites|ite_salt)'"):
+        Coordinator(cfg, _sites(data, files), list(range(100, 103)), out_dir=out, reproducible=True,
+                    log=lambda s: None, resume=True, evaluation="federated")
 
 
 def test_each_run_salts_the_sites_data_macs_afresh(tmp_path):

@@ -70,7 +70,9 @@ def test_quorum_open_counts_each_group_apart():
     assert quorum_open(((a, 2), (b, 2)), [1, 2, 3, 4, 5], answered=[4, 5], pending=[1, 2, 3])
     assert quorum_open(((a, 2), (b, 2)), [1, 2, 3, 4, 5], answered=[1, 4, 5], pending=[2, 3])
     assert not quorum_open(((a, 2), (b, 2)), [1, 2, 3, 4, 5], answered=[1, 3, 5], pending=[2, 4])
-    assert not quorum_open(((a, 2),), [1, 2, 3], answered=[], pending=[1])  # cannot be met: no reason to wait
+    # errors made k answers impossible: replies of any kind count (as all did before)
+    assert not quorum_open(((a, 2),), [1, 2, 3], answered=[], pending=[1])
+    assert quorum_open(((a, 3),), [1, 2, 3], answered=[], pending=[1])
     assert quorum_open(2, [1, 2, 3], answered=[1], pending=[2, 3])
     assert not quorum_open(2, [1, 2, 3], answered=[1, 2], pending=[3])
 
@@ -91,9 +93,11 @@ def test_errors_do_not_meet_the_quorum(monkeypatch):
     at = {1: 1.0, 2: 1.0, 3: 30.0}
     got, t = exchange(monkeypatch, at, 2, errors={1})
     assert got == {1: False, 2: True, 3: True} and t >= 30.0
-    # a quorum that can no longer be met starts the grace: the timeout is not waited for
+    # a quorum that can no longer be met: replies of any kind count, as fewer answers are still of use
     got, t = exchange(monkeypatch, {1: 1.0, 2: 1.0, 3: float("inf")}, 2, errors={1, 2})
-    assert got == {1: False, 2: False} and t < 20.0
+    assert got == {1: False, 2: False} and t < 20.0  # two replies: the grace, not the timeout
+    got, t = exchange(monkeypatch, {1: 1.0, 2: 1.0, 3: 30.0, 4: 30.0, 5: 30.0}, 4, errors={1, 2})
+    assert got == {1: False, 2: False, 3: True, 4: True, 5: True}  # two errors do not cut the three off
 
 
 class Recording(Loopback):

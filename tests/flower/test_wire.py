@@ -137,7 +137,7 @@ def test_signed_messages_round_trip_and_are_size_checked():
 
 def test_a_signing_hello_is_read_whole_or_refused():
     rec = ConfigRecord({"cid": 1, "size": 5, "describe": "x", "seeded": False, "data_mac": "a" * 64,
-                        "enc_pk": [b"e" * 32] * 2, "mask_pk": [b"m" * 32] * 2})
+                        "data_mac_salted": True, "enc_pk": [b"e" * 32] * 2, "mask_pk": [b"m" * 32] * 2})
     assert wire.read_hello({wire.REPLY: rec}, 2, True)["signing"] is None
     signing = {"sign_pk": b"v" * 32, "binding": b"b" * 100, "keys_sig": [b"s" * 64] * 2}
     got = wire.read_hello({wire.REPLY: ConfigRecord({**rec, **signing})}, 2, True)
@@ -150,7 +150,7 @@ def test_a_signing_hello_is_read_whole_or_refused():
 
 
 def test_a_hello_carries_the_sites_data_mac_or_is_refused():
-    rec = {"cid": 1, "size": 5, "describe": "x", "seeded": False}
+    rec = {"cid": 1, "size": 5, "describe": "x", "seeded": False, "data_mac_salted": True}
     digest = "0123456789abcdef" * 4
     assert wire.read_hello({wire.REPLY: ConfigRecord({**rec, "data_mac": digest})}, 2, False)["data"] == digest
     for bad in (digest[:-1], digest + "0", digest.upper(), "g" * 64, digest.encode(), 7):
@@ -158,6 +158,9 @@ def test_a_hello_carries_the_sites_data_mac_or_is_refused():
             wire.read_hello({wire.REPLY: ConfigRecord({**rec, "data_mac": bad})}, 2, False)
     with pytest.raises(ProtocolError, match="'data_mac' is missing"):
         wire.read_hello({wire.REPLY: ConfigRecord(rec)}, 2, False)
+    unsalted = {k: v for k, v in rec.items() if k != "data_mac_salted"}  # a site from before salted MACs
+    with pytest.raises(ProtocolError, match="not salted with the run's salt .*: update the site$"):
+        wire.read_hello({wire.REPLY: ConfigRecord({**unsalted, "data_mac": digest})}, 2, False)
 
 
 def test_the_servers_hello_carries_a_32_byte_salt_or_is_refused():
@@ -165,7 +168,7 @@ def test_the_servers_hello_carries_a_32_byte_salt_or_is_refused():
     for bad in (b"s" * 31, b"s" * 33, b"", "s" * 32, 7):
         with pytest.raises(ProtocolError, match="hello request: field 'mac_salt'"):
             wire.read_hello_request({wire.HELLO: ConfigRecord({"mac_salt": bad})})
-    with pytest.raises(ProtocolError, match="hello request: record 'hello' is missing"):
+    with pytest.raises(ProtocolError, match="hello request: record 'hello' is missing \\(a server from before"):
         wire.read_hello_request({})
 
 
