@@ -259,29 +259,36 @@ class LocalFederation:
                 if res.returncode:
                     raise FederationError(f"registering {pub.name} failed: {res.stdout}{res.stderr}")
         for i in range(self.n):
-            self.start_node(i, settle=0)  # a first start: nothing to wait out (run() checks they are up)
+            self.start_node(i, wait=False)  # a first start: nothing to wait out (run() checks they are up)
         self.log(f"federation up: SuperLink 127.0.0.1:{self.port} ({'TLS' if self.tls else 'insecure'}"
                  f"{', node auth' if self.auth else ''}), {self.n} SuperNodes; logs in {self.dir / 'logs'}")
         return self
 
-    def start_node(self, i: int, settle: float = 8.0, deadline: float = 180.0) -> None:
+    def start_node(self, i: int, wait: bool = True, deadline: float = 180.0) -> None:
         """Start client i's SuperNode (again, after `kill_node`: with the same key, an empty state).
         A SuperNode restarted while the SuperLink still counts its killed predecessor as online is
-        refused activation and exits (Flower's exit code 305): it is started again, every few
-        seconds, until one stays up for `settle` s or `deadline` s have passed (settle = 0: start
-        once and return)."""
+        refused activation and exits (Flower's exit code 305), possibly after many seconds of
+        connection retries: it is started again, every few seconds, until one logs its node id
+        (activated) or `deadline` s have passed (wait = False: start once and return)."""
         if i in self.nodes and self.nodes[i].poll() is None:
             raise FederationError(f"the SuperNode of client {i} is running")
+        log = self.dir / "logs" / f"supernode-{i}.log"
         end = time.monotonic() + deadline
         while True:
+            start = log.stat().st_size if log.exists() else 0
             p = self._spawn(self.supernode_command(i, free_port()), f"supernode-{i}")
             self.nodes[i] = p
-            if settle <= 0:
+            if not wait:
                 return
-            try:
-                p.wait(timeout=settle)
-            except subprocess.TimeoutExpired:
-                return  # up
+            while p.poll() is None:
+                with open(log, "rb") as f:
+                    f.seek(start)
+                    if b"SuperNode ID:" in f.read():
+                        return  # activated
+                if time.monotonic() > end:
+                    raise FederationError(f"the SuperNode of client {i} was not activated within {deadline:.0f} s "
+                                          f"(see logs/supernode-{i}.log)")
+                time.sleep(0.5)
             if time.monotonic() > end:
                 raise FederationError(f"the SuperNode of client {i} exited with code {p.returncode} on every start "
                                       f"for {deadline:.0f} s (see logs/supernode-{i}.log)")
