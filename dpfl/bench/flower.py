@@ -12,7 +12,7 @@ from rich.table import Table
 
 
 def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, auth: bool = False,
-            timeout: float = 1800.0, evaluation: str = "both", log=print) -> dict[str, Any]:
+            timeout: float = 1800.0, evaluation: str = "both", launcher: bool = True, log=print) -> dict[str, Any]:
     """Run `config_text` over a local federation (seeded: comparable, not private) and in the
     simulator; returns both runs' per-round numbers and whether the final models are equal."""
     from dpfl.engine.simulator import Simulation
@@ -22,7 +22,7 @@ def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, a
     cfg = parse_run_config(config_text)
     work = workdir or tempfile.mkdtemp(prefix="dpfl-flower-")
     res = run_local(config_text, work, tls=tls, auth=auth, reproducible=True, timeout=timeout, evaluation=evaluation,
-                    log=log)
+                    launcher=launcher, log=log)
     sim = Simulation(cfg, None, log=lambda s: None)
     sim_rounds: list[dict] = []
     sim.run(sim_rounds.append)
@@ -101,10 +101,12 @@ def split_table(res: dict[str, Any], console: Console | None = None) -> dict[str
 
 
 def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, evaluation: str = "both",
-              console: Console | None = None) -> dict[str, Any]:
-    """Measure a deployed run of `config_text` (seeded) against the simulator and print the tables."""
+              launcher: bool = True, console: Console | None = None) -> dict[str, Any]:
+    """Measure a deployed run of `config_text` (seeded) against the simulator and print the tables.
+    launcher: ClientApps started by dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's."""
     console = console or Console(width=160)
-    res = compare(config_text, workdir, tls=tls, evaluation=evaluation, log=console.print)
+    res = compare(config_text, workdir, tls=tls, evaluation=evaluation, launcher=launcher, log=console.print)
+    res["launcher"] = "dpfl" if launcher else "flower"
     table(res, console)
     s = split_table(res, console)
     res["split"] = s
@@ -116,6 +118,8 @@ def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, ev
                   f"exchanges; Flower's fixed cost {s['steady_flower_fixed_seconds']:.2f} s, dpfl's own "
                   f"{s['steady_dpfl_seconds']:.2f} s; round − Flower's fixed cost = "
                   f"{s['steady_round_seconds'] - s['steady_flower_fixed_seconds']:.2f} s")
+    console.print("ClientApp processes started by " + ("dpfl's flwr-clientapp (dpfl.flower.launcher)" if launcher
+                                                        else "Flower's flwr-clientapp (--launcher flower)"))
     console.print(f"startup {res['startup_seconds']:.1f} s, run {res['run_seconds']:.1f} s, CPU of all "
                   f"components {res['cpu_seconds']:.1f} s; final models equal: {res['equal']} "
                   f"(max |Δw| = {res['max_abs_diff']:.3g}); logs: {res['logs']}")

@@ -85,6 +85,20 @@ def app_cmd(
     console.print(f"wrote {d / 'pyproject.toml'}; run it with: flwr run {d} <connection> --stream")
 
 
+@app.command("launcher")
+def launcher_cmd(
+    out_dir: Annotated[Path, typer.Argument(help="directory for flwr-clientapp (created 0700)")],
+) -> None:
+    """A quicker flwr-clientapp for a site's SuperNode: start it with this directory first on PATH."""
+    from dpfl.flower import launcher
+
+    try:
+        f = launcher.write(out_dir)
+    except (DpflError, OSError) as e:
+        _fail(e)
+    console.print(f"wrote {f}; start the SuperNode with PATH=\"{f.parent}:$PATH\" flower-supernode ...")
+
+
 @app.command("local")
 def local_cmd(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="dpfl run config (TOML file or built-in "
@@ -103,12 +117,17 @@ def local_cmd(
     evaluation: str = typer.Option("both", help="server | federated | both (see `dpfl flower app`)"),
     resume: Annotated[Path | None, typer.Option(help="continue the run in this workdir from its checkpoint "
                                                      "(a new federation; the config and ledger are the run's)")] = None,
+    launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
+                                              "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
     from dpfl.bench.flower import compare, table
     from dpfl.flower.local import run_local
 
     try:
+        if launcher not in ("dpfl", "flower"):
+            raise ConfigError(f"--launcher must be dpfl or flower, got {launcher!r}")
+        quick = launcher == "dpfl"
         if resume is None and config is None:
             config = Path("deploy-demo")  # the cross-silo recipe: record-level DP-SGD in 3 sites, secure sum
         if resume is not None:
@@ -116,18 +135,19 @@ def local_cmd(
                 raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
                                   "--set, --workdir and --reproducible")
             res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
-                            log=console.print)
+                            launcher=quick, log=console.print)
             work = resume
             for m in res["metrics"]:
                 console.print(m)
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
-            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, log=console.print)
+            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=quick, log=console.print)
             table(res, console)
             console.print(f"final model equals the simulator's: {res['equal']} (max |Δw| = {res['max_abs_diff']:.3g})")
         else:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
-            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, log=console.print)
+            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=quick,
+                            log=console.print)
             for m in res["metrics"]:
                 console.print(m)
     except DpflError as e:

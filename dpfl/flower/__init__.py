@@ -7,7 +7,9 @@
     worker, site             a site's training process, kept alive between Flower messages
     loopback                 the same handlers in process (tests, dry runs)
     appdir, certs, local     the Flower App for a config, TLS, node keys and peers.toml, a local federation
-    (commands: `dpfl flower certs | app | local` in dpfl/cli/flower.py; `dpfl bench flower` in dpfl/bench/flower.py)
+    launcher                 a quicker `flwr-clientapp` for the SuperNodes' PATH
+    (commands: `dpfl flower certs | app | launcher | local` in dpfl/cli/flower.py; `dpfl bench flower` in
+    dpfl/bench/flower.py)
 
 See docs/deployment.md. Importing this package imports nothing heavy: a ClientApp process
 loads only what its message needs.

@@ -4,7 +4,9 @@
         fed.run(app_dir, timeout=600)
 
 Each component is its own process, started exactly as the documented commands start them
-(`commands()` lists them); Flower's telemetry and update check are switched off. On exit every
+(`commands()` lists them); Flower's telemetry and update check are switched off, and the
+SuperNodes find dpfl's quicker `flwr-clientapp` first on their PATH (`dpfl.flower.launcher`,
+written to `workdir/bin`). On exit every
 process is stopped, together with the processes Flower started under it (SuperExec, ServerApp,
 ClientApps): first SIGTERM, then SIGKILL after a grace period. Logs go to `workdir/logs`.
 """
@@ -26,6 +28,7 @@ from typing import Self
 
 from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
+from dpfl.flower import launcher as quick_launch
 
 CONNECTION = "dpfl-local"
 # Flower's own settings: no telemetry, no update check, and the SuperExec looks for new tasks every
@@ -139,13 +142,13 @@ class LocalFederation:
 
     def __init__(self, workdir: str | Path, nodes: int, *, tls: bool = False, auth: bool = False,
                  seeded: bool = False, node_config: dict[int, dict[str, object]] | None = None,
-                 log=print):
+                 launcher: bool = True, log=print):
         if nodes < 1:
             raise ConfigError(f"a federation needs at least one SuperNode, got nodes = {nodes}")
         if auth and not tls:
             raise ConfigError("SuperNode authentication needs TLS (Flower refuses it over an insecure channel)")
         self.dir = Path(workdir).absolute()
-        self.n, self.tls, self.auth, self.seeded = nodes, tls, auth, seeded
+        self.n, self.tls, self.auth, self.seeded, self.launcher = nodes, tls, auth, seeded, launcher
         self.extra = node_config or {}
         self.log = log
         self.procs: list[subprocess.Popen] = []
@@ -153,6 +156,8 @@ class LocalFederation:
         self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
         self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.dir / "flwr-home")}
+        if launcher:  # the SuperNodes find dpfl's quicker `flwr-clientapp` first (dpfl.flower.launcher)
+            self.env["PATH"] = quick_launch.path_with(self.dir / "bin", os.environ.get("PATH"))
         self.nodes: dict[int, subprocess.Popen] = {}  # client id → its SuperNode
         self.link: subprocess.Popen | None = None  # the SuperLink
 
@@ -241,6 +246,8 @@ class LocalFederation:
 
     def start(self, timeout: float = 60.0) -> LocalFederation:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.launcher:
+            quick_launch.write(self.dir / "bin")
         if self.tls:
             certs.make_tls(self.certs_dir)
         if self.auth:
@@ -439,14 +446,15 @@ def _was_reproducible(app_dir: Path) -> bool:
 def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True, auth: bool = False,
               reproducible: bool = False, data_paths: dict[int, str] | None = None,
               node_config: dict[int, dict[str, object]] | None = None, timeout: float = 1800.0,
-              resume: bool = False, evaluation: str = "both", log=print) -> dict:
+              resume: bool = False, evaluation: str = "both", launcher: bool = True, log=print) -> dict:
     """Run a dpfl config on a local federation (one SuperNode per client) and tear it down.
 
     reproducible: seeded clients and server (the simulator's randomness: comparable with
     `dpfl run` bit for bit, and NOT private). data_paths: client id → its data file (else each
     client takes its partition of the configured dataset); node_config: more node config keys per
     client (test-path, ...). resume: continue the run in `workdir/out` from its checkpoint (the
-    config is the run's own, `config_text` must be None or the same). Returns the per-round
+    config is the run's own, `config_text` must be None or the same). launcher: the SuperNodes
+    start ClientApps with dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's. Returns the per-round
     metrics, the summary, the final model `w`, the wall and CPU seconds of the run, and the commands.
     """
     import json
@@ -473,7 +481,7 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     for i, p in (data_paths or {}).items():
         extra[i]["data-path"] = str(Path(p).absolute())
     fed = LocalFederation(work / "federation", cfg.data.n_clients, tls=tls, auth=auth, seeded=reproducible,
-                          node_config=extra, log=log)
+                          node_config=extra, launcher=launcher, log=log)
     (out / SUMMARY).unlink(missing_ok=True)  # the summary this run writes at its end
     t0 = time.perf_counter()
     with fed:
