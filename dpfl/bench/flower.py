@@ -10,9 +10,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from dpfl.flower.launcher import LOCAL_POLL
+
 
 def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, auth: bool = False,
-            timeout: float = 1800.0, evaluation: str = "both", launcher: bool = True, log=print) -> dict[str, Any]:
+            timeout: float = 1800.0, evaluation: str = "both", launcher: bool = True, node_poll: float | None = LOCAL_POLL,
+            log=print) -> dict[str, Any]:
     """Run `config_text` over a local federation (seeded: comparable, not private) and in the
     simulator; returns both runs' per-round numbers and whether the final models are equal."""
     from dpfl.engine.simulator import Simulation
@@ -22,7 +25,7 @@ def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, a
     cfg = parse_run_config(config_text)
     work = workdir or tempfile.mkdtemp(prefix="dpfl-flower-")
     res = run_local(config_text, work, tls=tls, auth=auth, reproducible=True, timeout=timeout, evaluation=evaluation,
-                    launcher=launcher, log=log)
+                    launcher=launcher, node_poll=node_poll, log=log)
     sim = Simulation(cfg, None, log=lambda s: None)
     sim_rounds: list[dict] = []
     sim.run(sim_rounds.append)
@@ -94,6 +97,8 @@ def split_table(res: dict[str, Any], console: Console | None = None) -> dict[str
             "flower_fixed_seconds": sum(v["launch"] + v["flower"] for v in split.values()),
             "dpfl_seconds": sum(v["import"] + v["work"] for v in split.values()),
             "exchanges_per_round": sum(v["rounds"] for v in split.values()) / len(rounds),
+            "slowest_round_seconds": max(m["round_seconds"] for m in rounds),
+            "slowest_round": max(rounds, key=lambda m: m["round_seconds"])["round"],
             "steady_round_seconds": sum(m["round_seconds"] for m in later) / len(later),
             "steady_flower_fixed_seconds": sum(v["launch"] + v["flower"] for v in steady.values()),
             "steady_dpfl_seconds": sum(v["import"] + v["work"] for v in steady.values()),
@@ -101,17 +106,21 @@ def split_table(res: dict[str, Any], console: Console | None = None) -> dict[str
 
 
 def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, evaluation: str = "both",
-              launcher: bool = True, console: Console | None = None) -> dict[str, Any]:
+              launcher: bool = True, node_poll: float | None = LOCAL_POLL, console: Console | None = None) -> dict[str, Any]:
     """Measure a deployed run of `config_text` (seeded) against the simulator and print the tables.
-    launcher: ClientApps started by dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's."""
+    launcher: ClientApps started by dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's;
+    node_poll: the SuperNodes' idle poll in s (dpfl-supernode), None: Flower's flower-supernode (3 s)."""
     console = console or Console(width=160)
-    res = compare(config_text, workdir, tls=tls, evaluation=evaluation, launcher=launcher, log=console.print)
+    res = compare(config_text, workdir, tls=tls, evaluation=evaluation, launcher=launcher, node_poll=node_poll,
+                  log=console.print)
     res["launcher"] = "dpfl" if launcher else "flower"
+    res["node_poll"] = node_poll
     table(res, console)
     s = split_table(res, console)
     res["split"] = s
     console.print(f"per round: {s['round_seconds']:.2f} s deployed, {s['simulator_round_seconds']:.3f} s in the "
-                  f"simulator ({s['ratio']:.0f}x), {s['exchanges_per_round']:.2f} exchanges; Flower's fixed cost "
+                  f"simulator ({s['ratio']:.0f}x), slowest {s['slowest_round_seconds']:.2f} s (round {s['slowest_round']}), "
+                  f"{s['exchanges_per_round']:.2f} exchanges; Flower's fixed cost "
                   f"{s['flower_fixed_seconds']:.2f} s (launches, polls, transport), dpfl's own {s['dpfl_seconds']:.2f} s "
                   "(imports, work)")
     console.print(f"rounds 2 on: {s['steady_round_seconds']:.2f} s per round, {s['steady_exchanges_per_round']:.2f} "
@@ -119,7 +128,9 @@ def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, ev
                   f"{s['steady_dpfl_seconds']:.2f} s; round − Flower's fixed cost = "
                   f"{s['steady_round_seconds'] - s['steady_flower_fixed_seconds']:.2f} s")
     console.print("ClientApp processes started by " + ("dpfl's flwr-clientapp (dpfl.flower.launcher)" if launcher
-                                                        else "Flower's flwr-clientapp (--launcher flower)"))
+                                                        else "Flower's flwr-clientapp (--launcher flower)")
+                  + "; SuperNodes: " + (f"dpfl-supernode, idle poll {node_poll:g} s" if node_poll is not None
+                                        else "Flower's flower-supernode, idle poll 3 s (--node-poll 3)"))
     console.print(f"startup {res['startup_seconds']:.1f} s, run {res['run_seconds']:.1f} s, CPU of all "
                   f"components {res['cpu_seconds']:.1f} s; final models equal: {res['equal']} "
                   f"(max |Δw| = {res['max_abs_diff']:.3g}); logs: {res['logs']}")

@@ -10,10 +10,22 @@ import typer
 from rich.console import Console
 
 from dpfl.errors import ConfigError, DpflError
+from dpfl.flower.launcher import LOCAL_POLL
 
 app = typer.Typer(help="Run dpfl configs on Flower's deployment runtime (SuperLink, SuperNodes, flwr run).",
                   no_args_is_help=True)
 console = Console(width=140)
+NODE_POLL = LOCAL_POLL  # a local federation's SuperNodes: idle seconds between pulls (Flower: 3)
+NODE_POLL_HELP = ("the SuperNodes' idle seconds between pulls from the SuperLink: under 3, they run as "
+                  "dpfl-supernode (Flower's SuperNode with that poll, `dpfl flower launcher --node-poll`); "
+                  "3: Flower's own flower-supernode")
+
+
+def node_poll_of(seconds: float) -> float | None:
+    """--node-poll: None for Flower's own 3 s, else the checked poll."""
+    from dpfl.flower.launcher import FLOWER_POLL, check_poll
+
+    return None if seconds == FLOWER_POLL else check_poll(seconds)
 
 
 @app.callback()
@@ -88,15 +100,23 @@ def app_cmd(
 @app.command("launcher")
 def launcher_cmd(
     out_dir: Annotated[Path, typer.Argument(help="directory for flwr-clientapp (created 0700)")],
+    node_poll: Annotated[float | None, typer.Option(help="also write dpfl-supernode: Flower's flower-supernode, "
+                                                         "idle this many s between pulls from the SuperLink "
+                                                         "(Flower: 3 s; at least 0.05)")] = None,
 ) -> None:
     """A quicker flwr-clientapp for a site's SuperNode: start it with this directory first on PATH."""
     from dpfl.flower import launcher
 
     try:
+        if node_poll is not None:
+            launcher.check_poll(node_poll)  # before anything is written
         f = launcher.write(out_dir)
+        node = None if node_poll is None else launcher.write_supernode(out_dir, node_poll)
     except (DpflError, OSError) as e:
         _fail(e)
-    console.print(f"wrote {f}; start the SuperNode with PATH=\"{f.parent}:$PATH\" flower-supernode ...")
+    start = "flower-supernode" if node is None else str(node)
+    console.print(f"wrote {f}" + ("" if node is None else f" and {node}")
+                  + f"; start the SuperNode with PATH=\"{f.parent}:$PATH\" {start} ...")
 
 
 @app.command("local")
@@ -119,6 +139,7 @@ def local_cmd(
                                                      "(a new federation; the config and ledger are the run's)")] = None,
     launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
                                               "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
+    node_poll: float = typer.Option(NODE_POLL, help=NODE_POLL_HELP),
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
     from dpfl.bench.flower import compare, table
@@ -127,7 +148,7 @@ def local_cmd(
     try:
         if launcher not in ("dpfl", "flower"):
             raise ConfigError(f"--launcher must be dpfl or flower, got {launcher!r}")
-        quick = launcher == "dpfl"
+        quick, poll = launcher == "dpfl", node_poll_of(node_poll)
         if resume is None and config is None:
             config = Path("deploy-demo")  # the cross-silo recipe: record-level DP-SGD in 3 sites, secure sum
         if resume is not None:
@@ -135,19 +156,20 @@ def local_cmd(
                 raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
                                   "--set, --workdir and --reproducible")
             res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
-                            launcher=quick, log=console.print)
+                            launcher=quick, node_poll=poll, log=console.print)
             work = resume
             for m in res["metrics"]:
                 console.print(m)
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
-            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=quick, log=console.print)
+            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=quick, node_poll=poll,
+                          log=console.print)
             table(res, console)
             console.print(f"final model equals the simulator's: {res['equal']} (max |Δw| = {res['max_abs_diff']:.3g})")
         else:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=quick,
-                            log=console.print)
+                            node_poll=poll, log=console.print)
             for m in res["metrics"]:
                 console.print(m)
     except DpflError as e:

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
+from dpfl.cli.flower import NODE_POLL, NODE_POLL_HELP, node_poll_of
 from dpfl.errors import DpflError
 
 if TYPE_CHECKING:
@@ -425,6 +426,7 @@ def bench_flower(
     evaluation: str = typer.Option("both", help="server | federated | both"),
     launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
                                               "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
+    node_poll: float = typer.Option(NODE_POLL, help=NODE_POLL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
 ) -> None:
     """A run over a local Flower federation (3 sites) vs the simulator: time per phase, bytes, ε."""
@@ -435,11 +437,13 @@ def bench_flower(
     try:
         if launcher not in ("dpfl", "flower"):
             raise ConfigError(f"--launcher must be dpfl or flower, got {launcher!r}")
+        poll = node_poll_of(node_poll)
         cfg = load_config(_resolve_config(Path(config)))
     except DpflError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    res = run_bench(dump_config(cfg), evaluation=evaluation, launcher=launcher == "dpfl", console=console)
+    res = run_bench(dump_config(cfg), evaluation=evaluation, launcher=launcher == "dpfl", node_poll=poll,
+                    console=console)
     if json_out:
         console.print_json(json.dumps({k: v for k, v in res.items() if k not in ("metrics", "simulator", "commands")}))
 

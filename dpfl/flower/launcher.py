@@ -8,6 +8,14 @@ that runs the same function, `flwr_clientapp()` from Flower's file `supernode/cl
 loaded without that package's `__init__` (0.7 s), under this Python (no version-manager shim).
 Put the directory first on the SuperNode's PATH: `dpfl flower local` does, a site started by hand
 may (docs/deployment.md). Where Flower has no such file, the script imports it the usual way.
+
+`write_supernode(directory, poll)` writes `dpfl-supernode`: Flower's own `flower-supernode`, but
+idle for `poll` s between its pulls from the SuperLink instead of 3 s, and checking for a
+ClientApp's reply every 0.05 s instead of 0.5 s. Flower has no setting for either: both are
+constants in `flwr/supernode/start_client_internal.py`, which the script changes for its own
+process only, after checking that the file holds them as it expects (else it refuses in one line).
+A poll of 3 s makes no change: use `flower-supernode`. Each pull is one request to the SuperLink:
+fine for a few sites, not for thousands.
 """
 
 from __future__ import annotations
@@ -42,24 +50,87 @@ sys.exit(main())
 '''
 
 
-def write(directory: str | Path) -> Path:
-    """Write `directory/flwr-clientapp` (mode 0700; the directory is created 0700 and must belong
-    to this user and be closed to others: Flower executes what it finds there). Returns the file."""
+SUPERNODE = "dpfl-supernode"
+FLOWER_POLL = 3.0  # Flower's SuperNode: idle seconds between pulls (start_client_internal.py)
+POLL_RANGE = (0.05, 3.0)
+LOCAL_POLL = 0.2  # a local federation's SuperNodes (loopback, a few sites): `dpfl flower local`, `dpfl bench flower`
+
+SUPERNODE_SCRIPT = '''#!{python}
+{mark}: Flower's own `flower-supernode`, idle {poll} s between its pulls from
+# the SuperLink (Flower: 3 s) and checking for a ClientApp's reply every 0.05 s (Flower: 0.5 s)
+import sys
+import time
+
+import flwr
+import flwr.supernode.start_client_internal as loop
+
+POLL = {poll!r}
+with open(loop.__file__, encoding="utf-8") as f:
+    text = f.read()
+if text.count("time.sleep(3)") != 1 or text.count("time.sleep(0.5)") != 2 or loop.time is not time:
+    sys.exit(f"dpfl-supernode: the SuperNode loop of Flower {{flwr.__version__}} ({{loop.__file__}}) is not the "
+             "one this script changes; start flower-supernode instead")
+
+
+class _Time:
+    """The `time` module, with the loop's idle poll and reply checks shortened."""
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds):
+        time.sleep(POLL if seconds == 3 else 0.05 if seconds == 0.5 else seconds)
+
+
+loop.time = _Time()
+from flwr.supernode.cli import flower_supernode  # noqa: E402
+
+sys.exit(flower_supernode())
+'''
+
+
+def _own_dir(directory: str | Path) -> Path:
+    """`directory`, created 0700; it must belong to this user and be closed to others (what it
+    holds is executed)."""
     if any(c.isspace() for c in sys.executable):
         raise ConfigError(f"this Python's path ({sys.executable}) holds a space, which a #! line cannot: "
-                          "start ClientApps with Flower's own flwr-clientapp (--launcher flower)")
+                          "use Flower's own commands (--launcher flower --node-poll 3)")
     d = Path(directory).absolute()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = d.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise ConfigError(f"{d} must belong to this user and be writable by no one else (Flower runs the "
-                          f"{NAME} it holds); it is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}")
-    path = d / NAME
-    tmp = d / f".{NAME}.{os.getpid()}.tmp"
-    tmp.write_text(SCRIPT.format(python=sys.executable, mark=MARK))
+        raise ConfigError(f"{d} must belong to this user and be writable by no one else (Flower runs what it "
+                          f"holds); it is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}")
+    return d
+
+
+def _put(d: Path, name: str, text: str) -> Path:
+    path, tmp = d / name, d / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(text)
     tmp.chmod(0o700)
     os.replace(tmp, path)
     return path
+
+
+def write(directory: str | Path) -> Path:
+    """Write `directory/flwr-clientapp` (mode 0700; the directory is created 0700 and must belong
+    to this user and be closed to others: Flower executes what it finds there). Returns the file."""
+    return _put(_own_dir(directory), NAME, SCRIPT.format(python=sys.executable, mark=MARK))
+
+
+def check_poll(poll: float) -> float:
+    lo, hi = POLL_RANGE
+    if not (lo <= poll < hi):  # also refuses NaN
+        raise ConfigError(f"the SuperNode poll must be at least {lo} s and under Flower's own {hi:g} s, got {poll}")
+    return float(poll)
+
+
+def write_supernode(directory: str | Path, poll: float) -> Path:
+    """Write `directory/dpfl-supernode`: `flower-supernode` idle `poll` s between pulls (same
+    directory rules as `write`). Returns the file."""
+    poll = check_poll(poll)
+    return _put(_own_dir(directory), SUPERNODE, SUPERNODE_SCRIPT.format(python=sys.executable, mark=MARK, poll=poll))
 
 
 def path_with(directory: str | Path, path: str | None) -> str:

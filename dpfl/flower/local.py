@@ -6,7 +6,8 @@
 Each component is its own process, started exactly as the documented commands start them
 (`commands()` lists them); Flower's telemetry and update check are switched off, and the
 SuperNodes find dpfl's quicker `flwr-clientapp` first on their PATH (`dpfl.flower.launcher`,
-written to `workdir/bin`). On exit every
+written to `workdir/bin`); with `node_poll`, they run as `workdir/bin/dpfl-supernode` (Flower's
+SuperNode, idle `node_poll` s between pulls instead of 3 s). On exit every
 process is stopped, together with the processes Flower started under it (SuperExec, ServerApp,
 ClientApps): first SIGTERM, then SIGKILL after a grace period. Logs go to `workdir/logs`.
 """
@@ -142,13 +143,14 @@ class LocalFederation:
 
     def __init__(self, workdir: str | Path, nodes: int, *, tls: bool = False, auth: bool = False,
                  seeded: bool = False, node_config: dict[int, dict[str, object]] | None = None,
-                 launcher: bool = True, log=print):
+                 launcher: bool = True, node_poll: float | None = quick_launch.LOCAL_POLL, log=print):
         if nodes < 1:
             raise ConfigError(f"a federation needs at least one SuperNode, got nodes = {nodes}")
         if auth and not tls:
             raise ConfigError("SuperNode authentication needs TLS (Flower refuses it over an insecure channel)")
         self.dir = Path(workdir).absolute()
         self.n, self.tls, self.auth, self.seeded, self.launcher = nodes, tls, auth, seeded, launcher
+        self.node_poll = None if node_poll is None else quick_launch.check_poll(node_poll)
         self.extra = node_config or {}
         self.log = log
         self.procs: list[subprocess.Popen] = []
@@ -191,7 +193,8 @@ class LocalFederation:
         return cmd + (["--enable-supernode-auth"] if self.auth else [])
 
     def supernode_command(self, i: int, runtime_port: int) -> list[str]:
-        cmd = ["flower-supernode", *self._tls_args(False), "--superlink", f"127.0.0.1:{self.port}",
+        exe = "flower-supernode" if self.node_poll is None else str(self.dir / "bin" / quick_launch.SUPERNODE)
+        cmd = [exe, *self._tls_args(False), "--superlink", f"127.0.0.1:{self.port}",
                "--port", str(runtime_port), "--node-config", self.node_config(i)]
         if self.auth:
             cmd += ["--auth-supernode-private-key", str(self.certs_dir / f"node-{i}")]
@@ -248,6 +251,8 @@ class LocalFederation:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.launcher:
             quick_launch.write(self.dir / "bin")
+        if self.node_poll is not None:
+            quick_launch.write_supernode(self.dir / "bin", self.node_poll)
         if self.tls:
             certs.make_tls(self.certs_dir)
         if self.auth:
@@ -446,7 +451,8 @@ def _was_reproducible(app_dir: Path) -> bool:
 def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True, auth: bool = False,
               reproducible: bool = False, data_paths: dict[int, str] | None = None,
               node_config: dict[int, dict[str, object]] | None = None, timeout: float = 1800.0,
-              resume: bool = False, evaluation: str = "both", launcher: bool = True, log=print) -> dict:
+              resume: bool = False, evaluation: str = "both", launcher: bool = True,
+              node_poll: float | None = quick_launch.LOCAL_POLL, log=print) -> dict:
     """Run a dpfl config on a local federation (one SuperNode per client) and tear it down.
 
     reproducible: seeded clients and server (the simulator's randomness: comparable with
@@ -454,7 +460,8 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     client takes its partition of the configured dataset); node_config: more node config keys per
     client (test-path, ...). resume: continue the run in `workdir/out` from its checkpoint (the
     config is the run's own, `config_text` must be None or the same). launcher: the SuperNodes
-    start ClientApps with dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's. Returns the per-round
+    start ClientApps with dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's. node_poll: the
+    SuperNodes run as dpfl-supernode, idle that many s between pulls (None: Flower's 3 s). Returns the per-round
     metrics, the summary, the final model `w`, the wall and CPU seconds of the run, and the commands.
     """
     import json
@@ -481,7 +488,7 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     for i, p in (data_paths or {}).items():
         extra[i]["data-path"] = str(Path(p).absolute())
     fed = LocalFederation(work / "federation", cfg.data.n_clients, tls=tls, auth=auth, seeded=reproducible,
-                          node_config=extra, launcher=launcher, log=log)
+                          node_config=extra, launcher=launcher, node_poll=node_poll, log=log)
     (out / SUMMARY).unlink(missing_ok=True)  # the summary this run writes at its end
     t0 = time.perf_counter()
     with fed:

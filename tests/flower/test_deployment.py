@@ -188,13 +188,15 @@ def test_a_killed_serverapp_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
 @pytest.mark.integration
 def test_a_restarted_superlink_keeps_its_sites(tmp_path):
     """kill -9 of the SuperLink, restarted on its database: the SuperNodes are not logged out (no
-    registration again) and a run over all three sites completes."""
+    registration again) and a run over all three sites completes. The SuperNodes are Flower's own
+    flower-supernode here (node_poll=None), dpfl-supernode elsewhere."""
     require_row_contract()
     data = config(SIGN_DP, federation={"rounds": 1, "clients_per_round": 3})
     app = write_app(tmp_path / "app", tomli_w.dumps(data), out_dir=str(tmp_path / "out"), reproducible=True,
                     timeout=300, node_wait=120)
     try:
-        with LocalFederation(tmp_path / "fed", 3, tls=True, auth=True, seeded=True) as fed:
+        with LocalFederation(tmp_path / "fed", 3, tls=True, auth=True, seeded=True, node_poll=None) as fed:
+            assert fed.supernode_command(0, 1)[0] == "flower-supernode"
             time.sleep(5)  # the SuperNodes have connected
             fed.restart_superlink()
             text = fed.run(app, timeout=600)

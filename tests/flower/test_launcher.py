@@ -89,3 +89,80 @@ def test_a_python_path_with_a_space_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", "/opt/my env/bin/python3")
     with pytest.raises(ConfigError, match="holds a space"):
         launcher.write(tmp_path / "bin")
+
+
+# ---- dpfl-supernode: Flower's SuperNode with a shorter idle poll -----------------------------
+NODE_PROBE = """
+import runpy, sys, time
+calls = []
+time.sleep = calls.append  # the proxy's sleeps land here, not in a real wait
+import flwr.supernode.start_client_internal as loop
+{setup}
+sys.argv = ["dpfl-supernode", "--help"]
+try:
+    runpy.run_path({path!r}, run_name="__main__")
+except SystemExit as e:
+    print("EXIT", repr(e.code))
+loop.time.sleep(3); loop.time.sleep(0.5); loop.time.sleep(1.25)
+print("SLEEPS", calls)
+print("CLOCK", loop.time.monotonic is time.monotonic)
+"""
+
+
+def _probe(path, setup=""):
+    return subprocess.run([sys.executable, "-c", NODE_PROBE.format(path=str(path), setup=setup)], capture_output=True,
+                          text=True, check=False, timeout=120)
+
+
+def test_the_supernode_script_is_flowers_with_the_idle_poll_shortened(tmp_path):
+    path = launcher.write_supernode(tmp_path / "bin", 0.25)
+    assert path.name == "dpfl-supernode" and oct(path.stat().st_mode & 0o777) == "0o700"
+    res = _probe(path)
+    assert "usage: dpfl-supernode" in res.stdout and "--superlink" in res.stdout  # Flower's own parser
+    assert "EXIT 0" in res.stdout
+    # the loop's 3 s idle wait becomes 0.25 s, its 0.5 s reply checks 0.05 s; any other wait and clock is kept
+    assert "SLEEPS [0.25, 0.05, 1.25]" in res.stdout and "CLOCK True" in res.stdout
+    ran = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 0 and ran.stdout.startswith("usage: dpfl-supernode")
+
+
+def test_a_flower_whose_loop_differs_is_refused_in_one_line(tmp_path):
+    path = launcher.write_supernode(tmp_path / "bin", 0.25)
+    other = tmp_path / "start_client_internal.py"
+    other.write_text("import time\n\ndef loop():\n    time.sleep(2)\n")  # a later Flower, say, that waits 2 s
+    res = _probe(path, setup=f"loop.__file__ = {str(other)!r}")
+    out = res.stdout + res.stderr
+    assert "is not the one this script changes; start flower-supernode instead" in out
+    assert "usage:" not in out and "EXIT 0" not in out  # Flower not run
+    assert "SLEEPS [3, 0.5, 1.25]" in out  # and its loop left as it is
+
+
+@pytest.mark.parametrize("poll", [0.0, 0.01, 3.0, 5.0, float("nan"), -1.0])
+def test_a_poll_outside_its_range_is_refused(tmp_path, poll):
+    with pytest.raises(ConfigError, match="SuperNode poll must be at least 0.05 s and under Flower's own 3 s"):
+        launcher.write_supernode(tmp_path / "bin", poll)
+    assert not (tmp_path / "bin").exists()
+
+
+def test_a_local_federation_runs_its_supernodes_with_the_poll_or_flowers_own(tmp_path):
+    fed = LocalFederation(tmp_path / "fed", 1)  # the default: dpfl-supernode, 0.2 s
+    assert fed.supernode_command(0, 9094)[0] == str(tmp_path / "fed" / "bin" / "dpfl-supernode")
+    assert fed.node_poll == launcher.LOCAL_POLL == 0.2
+    own = LocalFederation(tmp_path / "fed2", 1, node_poll=None)
+    assert own.supernode_command(0, 9094)[0] == "flower-supernode"
+    with pytest.raises(ConfigError, match="SuperNode poll"):
+        LocalFederation(tmp_path / "fed3", 1, node_poll=3.5)
+
+
+def test_the_commands_take_node_poll(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["flower", "launcher", str(tmp_path / "bin"), "--node-poll", "0.5"])
+    assert res.exit_code == 0, res.output
+    assert launcher.MARK in (tmp_path / "bin" / "dpfl-supernode").read_text()
+    assert "POLL = 0.5" in (tmp_path / "bin" / "dpfl-supernode").read_text()
+    for cmd in (["flower", "launcher", str(tmp_path / "b2"), "--node-poll", "0"],
+                ["bench", "flower", "--node-poll", "4"], ["flower", "local", "--node-poll", "0.01"]):
+        res = runner.invoke(app, cmd)
+        assert res.exit_code == 2 and "SuperNode poll must be at least" in res.output, (cmd, res.output)
+        assert "Traceback" not in res.output
+    assert not (tmp_path / "b2").exists()
