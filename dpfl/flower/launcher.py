@@ -21,6 +21,7 @@ fine for a few sites, not for thousands.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -42,6 +43,7 @@ path = os.path.join(flwr.supernode.__path__[0], "cli", "flwr_clientapp.py")
 if os.path.isfile(path):
     spec = importlib.util.spec_from_file_location("_flwr_clientapp", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     main = module.flwr_clientapp
 else:
@@ -90,25 +92,50 @@ sys.exit(flower_supernode())
 '''
 
 
+def _safe_parent(p: Path) -> bool:
+    """Nobody but this user (or root) can rename or replace what `p` holds."""
+    st = p.stat()
+    return st.st_uid in (os.getuid(), 0) and (not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX))
+
+
 def _own_dir(directory: str | Path) -> Path:
-    """`directory`, created 0700; it must belong to this user and be closed to others (what it
-    holds is executed)."""
+    """`directory` resolved, created 0700: it must belong to this user and be closed to others, and so
+    must every folder above it (or be root's, or sticky like /tmp): what it holds is executed."""
     if any(c.isspace() for c in sys.executable):
         raise ConfigError(f"this Python's path ({sys.executable}) holds a space, which a #! line cannot: "
                           "use Flower's own commands (--launcher flower --node-poll 3)")
-    d = Path(directory).absolute()
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    given = Path(directory).absolute()
+    if given.is_symlink():
+        raise ConfigError(f"{given} is a symbolic link: give the directory itself (Flower runs what it holds)")
+    given.mkdir(mode=0o700, parents=True, exist_ok=True)
+    d = given.resolve()
     st = d.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise ConfigError(f"{d} must belong to this user and be writable by no one else (Flower runs what it "
                           f"holds); it is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}")
+    for parent in d.parents:
+        if not _safe_parent(parent):
+            raise ConfigError(f"{parent}, above {d}, may be changed by other users (owner uid "
+                              f"{parent.stat().st_uid}, mode {oct(parent.stat().st_mode & 0o7777)}): they could "
+                              "replace what Flower runs; choose a directory under one only you can change")
     return d
 
 
 def _put(d: Path, name: str, text: str) -> Path:
+    """Write `d/name` (0700) in one rename; a file there that dpfl did not write is left alone."""
     path, tmp = d / name, d / f".{name}.{os.getpid()}.tmp"
-    tmp.write_text(text)
-    tmp.chmod(0o700)
+    if path.is_symlink() or path.exists():
+        head = b""
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                head = f.read(512)
+        if MARK.encode() not in head:
+            raise ConfigError(f"{path} exists and was not written by dpfl: not replacing it (choose another directory)")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o700)  # whatever the umask
     os.replace(tmp, path)
     return path
 
@@ -134,5 +161,5 @@ def write_supernode(directory: str | Path, poll: float) -> Path:
 
 
 def path_with(directory: str | Path, path: str | None) -> str:
-    """PATH with `directory` first."""
-    return os.pathsep.join([str(Path(directory).absolute()), *([path] if path else [])])
+    """PATH with `directory` first (an unset PATH: the system's default after it)."""
+    return os.pathsep.join([str(Path(directory).resolve()), path or os.defpath])

@@ -148,7 +148,7 @@ class LocalFederation:
             raise ConfigError(f"a federation needs at least one SuperNode, got nodes = {nodes}")
         if auth and not tls:
             raise ConfigError("SuperNode authentication needs TLS (Flower refuses it over an insecure channel)")
-        self.dir = Path(workdir).absolute()
+        self.dir = Path(workdir).resolve()  # the SuperNodes run what bin/ holds: by a path without links
         self.n, self.tls, self.auth, self.seeded, self.launcher = nodes, tls, auth, seeded, launcher
         self.node_poll = None if node_poll is None else quick_launch.check_poll(node_poll)
         self.extra = node_config or {}

@@ -38,10 +38,11 @@ def test_the_script_is_flowers_clientapp_without_the_supernode_command(tmp_path)
     assert "EXIT 0" in out
     assert "SUPERNODE_CLI False" in out and "SQLALCHEMY False" in out
     # and Flower's own script does load them (what the launcher saves)
-    code = "import sys, flwr.supernode.cli; print('flwr.supernode.cli.flower_supernode' in sys.modules)"
+    code = ("import sys, flwr.supernode.cli; "
+            "print('flwr.supernode.cli.flower_supernode' in sys.modules, 'sqlalchemy' in sys.modules)")
     own = subprocess.run([sys.executable, "-c", code],
                          capture_output=True, text=True, timeout=120, check=False).stdout
-    assert own.strip() == "True"
+    assert own.strip() == "True True"
 
 
 def test_the_script_runs_as_a_command(tmp_path):
@@ -59,16 +60,65 @@ def test_a_directory_others_may_write_to_is_refused(tmp_path):
     assert not (d / launcher.NAME).exists()
 
 
-def test_a_rewrite_replaces_the_file(tmp_path):
+def test_a_rewrite_replaces_dpfls_file_and_refuses_any_other(tmp_path):
     path = launcher.write(tmp_path / "bin")
-    path.write_text("#!/bin/sh\nexit 3\n")
-    assert launcher.write(tmp_path / "bin") == path and launcher.MARK in path.read_text()
+    path.write_text(path.read_text() + "raise SystemExit(3)\n")  # an older dpfl's, say
+    assert launcher.write(tmp_path / "bin") == path and "SystemExit(3)" not in path.read_text()
     assert [p.name for p in path.parent.iterdir()] == ["flwr-clientapp"]  # no temporary left
+    path.write_text("#!/bin/sh\nexit 3\n")  # Flower's own entry point, say, in a virtualenv's bin
+    with pytest.raises(ConfigError, match="was not written by dpfl: not replacing it"):
+        launcher.write(tmp_path / "bin")
+    assert path.read_text() == "#!/bin/sh\nexit 3\n"
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="was not written by dpfl"):
+        launcher.write(tmp_path / "bin")
+    assert path.is_symlink() and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_linked_directory_or_one_under_a_folder_others_may_change_is_refused(tmp_path):
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        launcher.write(tmp_path / "link")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may rename bin/ and put their own there
+    with pytest.raises(ConfigError, match="may be changed by other users"):
+        launcher.write(shared / "bin")
+    shared.chmod(0o1777)  # sticky, like /tmp: only the owner may rename its entries
+    assert launcher.write(shared / "bin").is_file()
+
+
+def test_the_file_is_closed_to_others_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        path = launcher.write_supernode(tmp_path / "bin", 0.5)
+    finally:
+        os.umask(old)
+    assert oct(path.stat().st_mode & 0o777) == "0o700"
+
+
+def test_an_unset_path_keeps_the_systems_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("PATH", raising=False)
+    fed = LocalFederation(tmp_path / "fed", 1)
+    assert fed.env["PATH"] == os.pathsep.join([str((tmp_path / "fed" / "bin").resolve()), os.defpath])
+
+
+def test_where_flowers_file_is_missing_the_script_imports_it_the_usual_way(tmp_path):
+    path = launcher.write(tmp_path / "bin")
+    probe = ("import os, runpy, sys\nreal = os.path.isfile\n"
+             "os.path.isfile = lambda p: False if p.endswith('flwr_clientapp.py') else real(p)\n"
+             + PROBE.split("\n", 2)[2])
+    out = subprocess.run([sys.executable, "-c", probe.format(path=str(path))], capture_output=True, text=True,
+                         check=False, timeout=120).stdout
+    assert "usage: flwr-clientapp" in out and "EXIT 0" in out
+    assert "SUPERNODE_CLI True" in out  # the package's __init__ came along
 
 
 def test_a_local_federation_puts_it_first_on_the_supernodes_path(tmp_path):
     fed = LocalFederation(tmp_path / "fed", 1)
-    assert fed.env["PATH"].split(os.pathsep)[0] == str(tmp_path / "fed" / "bin")
+    assert fed.env["PATH"].split(os.pathsep)[0] == str((tmp_path / "fed" / "bin").resolve())
     plain = LocalFederation(tmp_path / "fed2", 1, launcher=False)
     assert plain.env["PATH"] == os.environ.get("PATH")
 
@@ -146,7 +196,7 @@ def test_a_poll_outside_its_range_is_refused(tmp_path, poll):
 
 def test_a_local_federation_runs_its_supernodes_with_the_poll_or_flowers_own(tmp_path):
     fed = LocalFederation(tmp_path / "fed", 1)  # the default: dpfl-supernode, 0.2 s
-    assert fed.supernode_command(0, 9094)[0] == str(tmp_path / "fed" / "bin" / "dpfl-supernode")
+    assert fed.supernode_command(0, 9094)[0] == str((tmp_path / "fed" / "bin" / "dpfl-supernode").resolve())
     assert fed.node_poll == launcher.LOCAL_POLL == 0.2
     own = LocalFederation(tmp_path / "fed2", 1, node_poll=None)
     assert own.supernode_command(0, 9094)[0] == "flower-supernode"
