@@ -135,3 +135,31 @@ def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, ev
                   f"components {res['cpu_seconds']:.1f} s; final models equal: {res['equal']} "
                   f"(max |Δw| = {res['max_abs_diff']:.3g}); logs: {res['logs']}")
     return {k: v for k, v in res.items() if k != "w"}
+
+
+def idle_cpu(node_polls: list[float | None], nodes: int = 3, settle: float = 10.0, seconds: float = 20.0,
+             log=print) -> list[dict[str, Any]]:
+    """CPU an idle local federation (TLS, no run) uses, per SuperNode poll (None: Flower's own
+    flower-supernode): the share of one core over `seconds`, after `settle` s, of all its processes
+    (SuperLink, SuperNodes, their SuperExecs) and of the SuperLink's alone."""
+    import time as clock
+
+    from dpfl.flower.local import LocalFederation, cpu_seconds, descendants
+
+    out = []
+    for poll in node_polls:
+        with tempfile.TemporaryDirectory(prefix="dpfl-idle-") as work:
+            fed = LocalFederation(work, nodes, tls=True, node_poll=poll, log=lambda s: None)
+            with fed:
+                clock.sleep(settle)
+                pids = descendants([p.pid for p in fed.procs])
+                link = descendants([fed.link.pid])
+                c0, l0, t0 = cpu_seconds(pids), cpu_seconds(link), clock.perf_counter()
+                clock.sleep(seconds)
+                dt = clock.perf_counter() - t0
+                row = {"node_poll": poll, "processes": len(pids), "cpu_share": (cpu_seconds(pids) - c0) / dt,
+                       "superlink_cpu_share": (cpu_seconds(link) - l0) / dt, "seconds": dt}
+        log(f"node poll {'3 (Flower)' if poll is None else f'{poll:g}'} s: idle CPU {100 * row['cpu_share']:.1f} % of one "
+            f"core ({row['processes']} processes), the SuperLink's {100 * row['superlink_cpu_share']:.1f} %")
+        out.append(row)
+    return out

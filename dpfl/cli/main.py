@@ -11,7 +11,7 @@ import importlib
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -446,6 +446,23 @@ def bench_flower(
                     console=console)
     if json_out:
         console.print_json(json.dumps({k: v for k, v in res.items() if k not in ("metrics", "simulator", "commands")}))
+
+
+@bench_app.command("flower-idle")
+def bench_flower_idle(
+    node_poll: Annotated[list[float] | None, typer.Option(help="SuperNode polls to measure, in s (3: Flower's own "
+                                                                "flower-supernode); default 0.2, 0.5 and 3")] = None,
+    seconds: float = typer.Option(20.0, min=1.0, help="seconds measured, after 10 s to settle"),
+) -> None:
+    """CPU an idle local Flower federation (3 sites, TLS) uses, per SuperNode poll."""
+    from dpfl.bench.flower import idle_cpu
+
+    try:
+        polls = [node_poll_of(p) for p in (node_poll or [0.2, 0.5, 3.0])]
+    except DpflError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    idle_cpu(polls, seconds=seconds, log=console.print)
 
 
 @bench_app.command("noise")

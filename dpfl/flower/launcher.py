@@ -55,7 +55,7 @@ sys.exit(main())
 SUPERNODE = "dpfl-supernode"
 FLOWER_POLL = 3.0  # Flower's SuperNode: idle seconds between pulls (start_client_internal.py)
 POLL_RANGE = (0.05, 3.0)
-LOCAL_POLL = 0.2  # a local federation's SuperNodes (loopback, a few sites): `dpfl flower local`, `dpfl bench flower`
+LOCAL_POLL = 0.5  # a local federation's SuperNodes (loopback, a few sites): `dpfl flower local`, `dpfl bench flower`
 
 SUPERNODE_SCRIPT = '''#!{python}
 {mark}: Flower's own `flower-supernode`, idle {poll} s between its pulls from

@@ -195,9 +195,9 @@ def test_a_poll_outside_its_range_is_refused(tmp_path, poll):
 
 
 def test_a_local_federation_runs_its_supernodes_with_the_poll_or_flowers_own(tmp_path):
-    fed = LocalFederation(tmp_path / "fed", 1)  # the default: dpfl-supernode, 0.2 s
+    fed = LocalFederation(tmp_path / "fed", 1)  # the default: dpfl-supernode, 0.5 s
     assert fed.supernode_command(0, 9094)[0] == str((tmp_path / "fed" / "bin" / "dpfl-supernode").resolve())
-    assert fed.node_poll == launcher.LOCAL_POLL == 0.2
+    assert fed.node_poll == launcher.LOCAL_POLL == 0.5
     own = LocalFederation(tmp_path / "fed2", 1, node_poll=None)
     assert own.supernode_command(0, 9094)[0] == "flower-supernode"
     with pytest.raises(ConfigError, match="SuperNode poll"):
@@ -211,7 +211,8 @@ def test_the_commands_take_node_poll(tmp_path):
     assert launcher.MARK in (tmp_path / "bin" / "dpfl-supernode").read_text()
     assert "POLL = 0.5" in (tmp_path / "bin" / "dpfl-supernode").read_text()
     for cmd in (["flower", "launcher", str(tmp_path / "b2"), "--node-poll", "0"],
-                ["bench", "flower", "--node-poll", "4"], ["flower", "local", "--node-poll", "0.01"]):
+                ["bench", "flower", "--node-poll", "4"], ["flower", "local", "--node-poll", "0.01"],
+                ["bench", "flower-idle", "--node-poll", "0.5", "--node-poll", "0"]):
         res = runner.invoke(app, cmd)
         assert res.exit_code == 2 and "SuperNode poll must be at least" in res.output, (cmd, res.output)
         assert "Traceback" not in res.output
