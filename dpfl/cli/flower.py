@@ -10,22 +10,13 @@ import typer
 from rich.console import Console
 
 from dpfl.errors import ConfigError, DpflError
-from dpfl.flower.launcher import LOCAL_POLL
+from dpfl.flower.launcher import LOCAL_POLL as NODE_POLL
+from dpfl.flower.launcher import POLL_HELP as NODE_POLL_HELP
+from dpfl.flower.launcher import node_poll_of
 
 app = typer.Typer(help="Run dpfl configs on Flower's deployment runtime (SuperLink, SuperNodes, flwr run).",
                   no_args_is_help=True)
 console = Console(width=140)
-NODE_POLL = LOCAL_POLL  # a local federation's SuperNodes: idle seconds between pulls (Flower: 3)
-NODE_POLL_HELP = ("the SuperNodes' idle seconds between pulls from the SuperLink: under 3, they run as "
-                  "dpfl-supernode (Flower's SuperNode with that poll, `dpfl flower launcher --node-poll`); "
-                  "3: Flower's own flower-supernode")
-
-
-def node_poll_of(seconds: float) -> float | None:
-    """--node-poll: None for Flower's own 3 s, else the checked poll."""
-    from dpfl.flower.launcher import FLOWER_POLL, check_poll
-
-    return None if seconds == FLOWER_POLL else check_poll(seconds)
 
 
 @app.callback()

@@ -17,8 +17,10 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from dpfl.cli.flower import NODE_POLL, NODE_POLL_HELP, node_poll_of
 from dpfl.errors import DpflError
+from dpfl.flower.launcher import LOCAL_POLL as NODE_POLL
+from dpfl.flower.launcher import POLL_HELP as NODE_POLL_HELP
+from dpfl.flower.launcher import node_poll_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress

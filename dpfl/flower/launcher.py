@@ -153,6 +153,15 @@ def check_poll(poll: float) -> float:
     return float(poll)
 
 
+POLL_HELP = ("the SuperNodes' idle seconds between pulls from the SuperLink: under 3, they run as dpfl-supernode "
+             "(Flower's SuperNode with that poll, `dpfl flower launcher --node-poll`); 3: Flower's own flower-supernode")
+
+
+def node_poll_of(seconds: float) -> float | None:
+    """A --node-poll value: None for Flower's own 3 s, else the checked poll."""
+    return None if seconds == FLOWER_POLL else check_poll(seconds)
+
+
 def write_supernode(directory: str | Path, poll: float) -> Path:
     """Write `directory/dpfl-supernode`: `flower-supernode` idle `poll` s between pulls (same
     directory rules as `write`). Returns the file."""
