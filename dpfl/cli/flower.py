@@ -10,9 +10,7 @@ import typer
 from rich.console import Console
 
 from dpfl.errors import ConfigError, DpflError
-from dpfl.flower.launcher import LOCAL_POLL as NODE_POLL
-from dpfl.flower.launcher import POLL_HELP as NODE_POLL_HELP
-from dpfl.flower.launcher import node_poll_of
+from dpfl.flower.launcher import LOCAL_POLL, POLL_HELP, node_poll_of
 
 app = typer.Typer(help="Run dpfl configs on Flower's deployment runtime (SuperLink, SuperNodes, flwr run).",
                   no_args_is_help=True)
@@ -130,7 +128,7 @@ def local_cmd(
                                                      "(a new federation; the config and ledger are the run's)")] = None,
     launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
                                               "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
-    node_poll: float = typer.Option(NODE_POLL, help=NODE_POLL_HELP),
+    node_poll: float = typer.Option(LOCAL_POLL, help=POLL_HELP),
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
     from dpfl.bench.flower import compare, table

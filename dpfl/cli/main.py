@@ -18,9 +18,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from dpfl.errors import DpflError
-from dpfl.flower.launcher import LOCAL_POLL as NODE_POLL
-from dpfl.flower.launcher import POLL_HELP as NODE_POLL_HELP
-from dpfl.flower.launcher import node_poll_of
+from dpfl.flower.launcher import LOCAL_POLL, POLL_HELP, node_poll_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -428,7 +426,7 @@ def bench_flower(
     evaluation: str = typer.Option("both", help="server | federated | both"),
     launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
                                               "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
-    node_poll: float = typer.Option(NODE_POLL, help=NODE_POLL_HELP),
+    node_poll: float = typer.Option(LOCAL_POLL, help=POLL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
 ) -> None:
     """A run over a local Flower federation (3 sites) vs the simulator: time per phase, bytes, ε."""
