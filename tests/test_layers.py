@@ -58,3 +58,25 @@ def test_cycle_finder_finds_cycles(tmp_path, monkeypatch):
     (pkg / "d.py").write_text("import cyc.a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_cycles("cyc") == [{"cyc.a", "cyc.b", "cyc.c"}]
+
+
+def test_outside_the_engine_the_simulator_is_only_called():
+    """One run, two drivers: outside dpfl/engine/ code holds a `Run` and reads its state; the in-process
+    driver is only called (`simulate(run)`, with `Updates` for a wrap), never built or read."""
+    import ast
+
+    allowed = {"simulate", "Updates"}
+    found = []
+    for path in sorted((ROOT / "dpfl").rglob("*.py")):
+        if (ROOT / "dpfl" / "engine") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "dpfl.engine.simulator":
+                found += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name not in allowed]
+            elif isinstance(node, ast.ImportFrom) and node.module == "dpfl.engine":
+                found += [f"{path.relative_to(ROOT)}: dpfl.engine.{a.name}" for a in node.names if a.name == "simulator"]
+            elif isinstance(node, ast.Import):
+                found += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name == "dpfl.engine.simulator"]
+            elif isinstance(node, ast.Name) and node.id in ("Simulation", "Simulator"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.id}")
+    assert found == []

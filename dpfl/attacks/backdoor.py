@@ -62,11 +62,11 @@ class Backdoor(Colluding):
         self._y = fed.y.clone()
         self._y[fed.y == self.source] = self.target
 
-    def labels(self, sim: Any) -> torch.Tensor:
+    def labels(self, run: Any) -> torch.Tensor:
         return self._y
 
-    def _source_predictions(self, sim: Any) -> torch.Tensor:
-        return predict(sim.model, self._x_source, sim.cfg.eval.batch_size)
+    def _source_predictions(self, run: Any) -> torch.Tensor:
+        return predict(run.model, self._x_source, run.cfg.eval.batch_size)
 
 
 class InBackdoor(Backdoor):
@@ -80,8 +80,8 @@ class InBackdoor(Backdoor):
         self._x_source = fed.x_test[fed.y_test == self.source]
         return fed
 
-    def evaluate(self, sim: Any) -> dict[str, float]:
-        p = self._source_predictions(sim)
+    def evaluate(self, run: Any) -> dict[str, float]:
+        p = self._source_predictions(run)
         n = max(1, len(p))
         return {"source_accuracy": float((p == self.source).sum()) / n,
                 "attack_success": float((p == self.target).sum()) / n}
@@ -119,9 +119,9 @@ class OutBackdoor(Backdoor):
         return dataclasses.replace(fed, clients=honest, x_test=fed.x_test[keep], y_test=yt[keep],
                                    source=f"{fed.source}; out-backdoor: class(es) {gone} only with attackers")
 
-    def attacker_indices(self, sim: Any, client: int) -> np.ndarray:
-        return np.concatenate([sim.fed.clients[client], self._aux[client]])
+    def attacker_indices(self, run: Any, client: int) -> np.ndarray:
+        return np.concatenate([run.fed.clients[client], self._aux[client]])
 
-    def evaluate(self, sim: Any) -> dict[str, float]:
-        p = self._source_predictions(sim)
+    def evaluate(self, run: Any) -> dict[str, float]:
+        p = self._source_predictions(run)
         return {"attack_success": float((p == self.target).sum()) / max(1, len(p))}

@@ -27,7 +27,7 @@ class Attack:
         """bool [k]: which answering clients of this round are malicious."""
         return np.zeros(len(ctx.cohort), dtype=bool)
 
-    def train(self, sim: Any, ctx: RoundContext, honest_updates: torch.Tensor) -> torch.Tensor:
+    def train(self, run: Any, ctx: RoundContext, honest_updates: torch.Tensor) -> torch.Tensor:
         """Updates after local training; malicious rows may be recomputed here."""
         return honest_updates
 
@@ -37,7 +37,7 @@ class Attack:
     def after_chain(self, u: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         return u
 
-    def evaluate(self, sim: Any) -> dict[str, float]:
+    def evaluate(self, run: Any) -> dict[str, float]:
         """Extra metrics at evaluation rounds (e.g. backdoor success)."""
         return {}
 

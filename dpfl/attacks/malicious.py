@@ -174,51 +174,51 @@ class Colluding(Malicious):
         # a client makes over its own data (T_gd·|B|/|D_k| epochs: Keras `fit(epochs=…)` on the union)
         self.pool_epochs = pool_epochs
 
-    def _pool_plan(self, sim: Any, pool: int, colluders: int) -> tuple[int, int]:
+    def _pool_plan(self, run: Any, pool: int, colluders: int) -> tuple[int, int]:
         """(steps, batch) for the union: T_gd steps, or with pool_epochs T_gd per colluder (the same
         epochs over the union, |pool| / mean |D_k| = colluders, as each client's T_gd over its own)."""
-        steps, batch = batch_plan(sim.scheme, sim.local, np.array([pool]))
+        steps, batch = batch_plan(run.scheme, run.local, np.array([pool]))
         if not self.pool_epochs:
             return steps, batch
-        if sim.scheme.full_batch or sim.scheme.one_pass:
+        if run.scheme.full_batch or run.scheme.one_pass:
             raise ConfigError(f"attack {self.name!r}: pool_epochs applies to schemes that train T_gd steps, "
-                              f"not to {sim.scheme.name} (it already sizes local training by the data)")
+                              f"not to {run.scheme.name} (it already sizes local training by the data)")
         return steps * colluders, batch
 
-    def attacker_indices(self, sim: Any, client: int) -> np.ndarray:
+    def attacker_indices(self, run: Any, client: int) -> np.ndarray:
         """Training-set rows an attacking client brings to the pool."""
-        return sim.fed.clients[client]
+        return run.fed.clients[client]
 
-    def labels(self, sim: Any) -> torch.Tensor:
-        return sim.fed.y
+    def labels(self, run: Any) -> torch.Tensor:
+        return run.fed.y
 
-    def train(self, sim: Any, ctx: RoundContext, honest_updates: torch.Tensor) -> torch.Tensor:
+    def train(self, run: Any, ctx: RoundContext, honest_updates: torch.Tensor) -> torch.Tensor:
         bad = ctx.malicious
         if bad is None or not bad.any():
             return honest_updates
-        pool = np.concatenate([self.attacker_indices(sim, int(c)) for c in ctx.cohort[bad]])
-        steps, batch = self._pool_plan(sim, len(pool), int(bad.sum()))
+        pool = np.concatenate([self.attacker_indices(run, int(c)) for c in ctx.cohort[bad]])
+        steps, batch = self._pool_plan(run, len(pool), int(bad.sum()))
         pos = local_positions(np.array([len(pool)]), steps, batch, ctx.numpy_rng("attack", "batches"))[0]
-        batches = torch.from_numpy(pool[pos][None]).to(sim.device)
+        batches = torch.from_numpy(pool[pos][None]).to(run.device)
         torch.manual_seed(ctx.seeds.seed("round", ctx.round, "attack", "torch"))  # dropout layers
-        sign = torch.full((1,), self.direction, device=sim.device)
-        mask, y = train_mask(sim.scheme.steps, ctx), self.labels(sim)
-        row = sim.trainer.train(sim.w, sim.fed.x, y, batches, mask, sign)
+        sign = torch.full((1,), self.direction, device=run.device)
+        mask, y = train_mask(run.scheme.steps, ctx), self.labels(run)
+        row = run.trainer.train(run.w, run.fed.x, y, batches, mask, sign)
         if not bool(torch.isfinite(row).all()):  # the ascent overflowed: send the last finite iterate
-            row = self._last_finite(sim, y, batches, mask, sign)
+            row = self._last_finite(run, y, batches, mask, sign)
         u = honest_updates
         u[torch.from_numpy(bad).to(u.device)] = row.to(u)
         return u
 
     @staticmethod
-    def _last_finite(sim: Any, y: torch.Tensor, batches: torch.Tensor, mask: Any, sign: torch.Tensor) -> torch.Tensor:
+    def _last_finite(run: Any, y: torch.Tensor, batches: torch.Tensor, mask: Any, sign: torch.Tensor) -> torch.Tensor:
         """Redo the local steps one at a time from the global model and keep the update of the last
         step whose model is still finite (an attacker sends what hurts most and still gets accepted;
         NaN would be rejected, and a simulator that dropped it would silently disarm the attack).
         One step per call restarts the optimizer state: exact for plain SGD."""
-        total = torch.zeros_like(sim.w)
+        total = torch.zeros_like(run.w)
         for t in range(batches.shape[1]):
-            step = sim.trainer.train(sim.w + total, sim.fed.x, y, batches[:, t : t + 1], mask, sign)[0]
+            step = run.trainer.train(run.w + total, run.fed.x, y, batches[:, t : t + 1], mask, sign)[0]
             if not bool(torch.isfinite(step).all()) or not bool(torch.isfinite(total + step).all()):
                 break
             total += step

@@ -29,7 +29,8 @@ import torch
 
 from dpfl.audit.canaries import CanarySet
 from dpfl.config import RunConfig
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import Updates, simulate
 from dpfl.errors import ConfigError
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext
@@ -58,8 +59,8 @@ def audit_config(cfg: RunConfig, canaries: int) -> RunConfig:
     return out
 
 
-class CanarySimulation(Simulation):
-    """A `Simulation` whose last m clients are canaries (see the module docstring)."""
+class CanaryRun(Run):
+    """A `Run` whose last m clients are canaries (see the module docstring)."""
 
     def __init__(self, cfg: RunConfig, canaries: int, out_dir: str | Path | None = None,
                  log: Callable[[str], None] = print, overwrite: bool = False, scale: float = 10.0):
@@ -82,22 +83,27 @@ class CanarySimulation(Simulation):
         clips = [s.bound for s in self.scheme.steps if isinstance(s, ClipStep) and s.bound is not None]
         return self.scale * (clips[0] if clips else 1.0)
 
-    def client_updates(self, ctx: RoundContext, batches: torch.Tensor | None = None, seed: bool = True) -> torch.Tensor:
-        canary = ctx.cohort >= self.n_real
-        if not canary.any():
-            return super().client_updates(ctx, batches, seed)
-        real = ~canary
-        u = torch.empty(len(ctx.cohort), self.flat.n, device=self.device)
-        if real.any():
-            keep = torch.from_numpy(real).to(ctx.weights.device)
-            sub = replace(ctx, cohort=ctx.cohort[real], weights=ctx.weights[keep],
-                          malicious=None if ctx.malicious is None else ctx.malicious[real],
-                          omit_noise=None if ctx.omit_noise is None else ctx.omit_noise[real])
-            part = None if batches is None else batches[torch.from_numpy(real).to(batches.device)]
-            u[torch.from_numpy(real).to(u.device)] = super().client_updates(sub, part, seed).to(u)
-        rows = self.canaries.rows(ctx.cohort[canary] - self.n_real) * self.canary_norm()
-        u[torch.from_numpy(canary).to(u.device)] = rows.to(u)
-        return u
+    def with_canaries(self, train: Updates) -> Updates:
+        """The simulator's local training `train`, with the canaries' rows replaced by their updates."""
+
+        def updates(ctx: RoundContext, batches: torch.Tensor | None, seed: bool) -> torch.Tensor:
+            canary = ctx.cohort >= self.n_real
+            if not canary.any():
+                return train(ctx, batches, seed)
+            real = ~canary
+            u = torch.empty(len(ctx.cohort), self.flat.n, device=self.device)
+            if real.any():
+                keep = torch.from_numpy(real).to(ctx.weights.device)
+                sub = replace(ctx, cohort=ctx.cohort[real], weights=ctx.weights[keep],
+                              malicious=None if ctx.malicious is None else ctx.malicious[real],
+                              omit_noise=None if ctx.omit_noise is None else ctx.omit_noise[real])
+                part = None if batches is None else batches[torch.from_numpy(real).to(batches.device)]
+                u[torch.from_numpy(real).to(u.device)] = train(sub, part, seed).to(u)
+            rows = self.canaries.rows(ctx.cohort[canary] - self.n_real) * self.canary_norm()
+            u[torch.from_numpy(canary).to(u.device)] = rows.to(u)
+            return u
+
+        return updates
 
 
 def run_client_audit(cfg: RunConfig, canaries: int, observe: str = "white", out_dir: str | Path | None = None,
@@ -106,32 +112,32 @@ def run_client_audit(cfg: RunConfig, canaries: int, observe: str = "white", out_
     """Train once with canary clients; return their scores and the run's accounting (see `audit.run`)."""
     if observe not in ("white", "black"):
         raise ConfigError(f"observe must be 'white' or 'black', got {observe!r}")
-    sim = CanarySimulation(cfg, canaries, out_dir, log, overwrite, scale)
-    if not sim.scheme.private:
-        raise ConfigError(f"scheme {sim.scheme.name!r} adds no client-level DP noise: nothing to audit at the "
+    run = CanaryRun(cfg, canaries, out_dir, log, overwrite, scale)
+    if not run.scheme.private:
+        raise ConfigError(f"scheme {run.scheme.name!r} adds no client-level DP noise: nothing to audit at the "
                           "client level")
-    sim.setup()
-    w0 = sim.w.detach().clone()
+    run.setup()
+    w0 = run.w.detach().clone()
     prev = [w0]
     white = np.zeros(canaries) if observe == "white" else None
     released = [0]
 
     def score(m: dict[str, Any]) -> None:
-        w = sim.w.detach().clone()
+        w = run.w.detach().clone()
         delta = (w - prev[0]).to(torch.float64)
         prev[0] = w
         sq = float(delta.dot(delta))
         if white is not None and "aborted" not in m and sq > 0:
-            white[:] += sim.canaries.dots(delta) / sq
+            white[:] += run.canaries.dots(delta) / sq
             released[0] += 1
         if on_round is not None:
             on_round(m)
 
-    summary = sim.run(score)
-    total = (sim.w.detach() - w0).to(torch.float64)
+    summary = simulate(run, score, wrap=run.with_canaries)
+    total = (run.w.detach() - w0).to(torch.float64)
     norm = float(total.norm())
-    black = sim.canaries.dots(total) / norm if norm > 0 else np.zeros(canaries)
-    return {"level": "client", "sim": sim, "summary": summary, "included": sim.canaries.included,
+    black = run.canaries.dots(total) / norm if norm > 0 else np.zeros(canaries)
+    return {"level": "client", "summary": summary, "included": run.canaries.included,
             "scores": {"white": white, "black": black}, "released_rounds": released[0],
-            "canary_norm": sim.canary_norm(), "epsilon": summary.get("epsilon_final"),
-            "delta": sim.cfg.privacy.delta}
+            "canary_norm": run.canary_norm(), "epsilon": summary.get("epsilon_final"),
+            "delta": run.cfg.privacy.delta}

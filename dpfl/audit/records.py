@@ -25,12 +25,13 @@ import torch.nn.functional as F
 
 from dpfl.config import RunConfig
 from dpfl.data.dataset import as_model_input
-from dpfl.engine.simulator import Federation, Simulation
+from dpfl.engine.run import Federation, Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 
 
-class RecordCanarySimulation(Simulation):
-    """A `Simulation` whose clients' data hold the included canary records."""
+class RecordCanaryRun(Run):
+    """A `Run` whose clients' data hold the included canary records."""
 
     def __init__(self, cfg: RunConfig, canaries: int, out_dir: str | Path | None = None,
                  log: Callable[[str], None] = print, overwrite: bool = False):
@@ -109,29 +110,29 @@ def run_record_audit(cfg: RunConfig, canaries: int, observe: str = "white", out_
                      log: Callable[[str], None] = print, overwrite: bool = False,
                      on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train once with canary records; return their scores and the run's record-level accounting."""
-    sim = RecordCanarySimulation(cfg, canaries, out_dir, log, overwrite)
-    sim.setup()
-    w0 = sim.w.detach().clone()
+    run = RecordCanaryRun(cfg, canaries, out_dir, log, overwrite)
+    run.setup()
+    w0 = run.w.detach().clone()
     prev = [w0]
     white = np.zeros(canaries) if observe == "white" else None
     released = [0]
 
     def score(m: dict[str, Any]) -> None:
-        w = sim.w.detach().clone()
+        w = run.w.detach().clone()
         delta = w - prev[0]
         sq = float(delta.to(torch.float64).pow(2).sum())
         if white is not None and "aborted" not in m and sq > 0:
-            white[:] += sim.descent_dots(prev[0], delta) / sq
+            white[:] += run.descent_dots(prev[0], delta) / sq
             released[0] += 1
         prev[0] = w
         if on_round is not None:
             on_round(m)
 
-    summary = sim.run(score)
-    black = sim.losses(w0) - sim.losses(sim.w.detach())
-    sim.flat.load_into(sim.model, sim.w)
+    summary = simulate(run, score)
+    black = run.losses(w0) - run.losses(run.w.detach())
+    run.flat.load_into(run.model, run.w)
     rec = summary.get("record_level") or {}
-    return {"level": "record", "sim": sim, "summary": summary, "included": sim.included,
+    return {"level": "record", "summary": summary, "included": run.included,
             "scores": {"white": white, "black": black}, "released_rounds": released[0],
             "canary": "test examples with a wrong label", "epsilon": rec.get("epsilon_max"),
             "delta": cfg.train.dpsgd.delta}

@@ -39,7 +39,8 @@ def run_bench(dataset: str = "fashion-mnist", n_train: int = 2000, n_test: int =
 
     from dpfl.attacks.membership import membership_advantage
     from dpfl.engine.evaluate import evaluate
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
+    from dpfl.engine.simulator import simulate
 
     console = console or Console()
     central = {"sigma": sigma, "noise": "central", "secure_aggregation": False}
@@ -47,13 +48,13 @@ def run_bench(dataset: str = "fashion-mnist", n_train: int = 2000, n_test: int =
                "fl-sign-dp": {**central, "gamma": gamma}}
     out: dict[str, dict[str, float]] = {}
     for name, opts in schemes.items():
-        sim = Simulation(_config(name, opts, dataset, n_train, n_test, clients, per_round, rounds, seed), None,
-                         log=lambda s: None)
-        summary = sim.run()
-        members = np.concatenate(sim.fed.clients)
-        train = evaluate(sim.model, sim.fed.x[members], sim.fed.y[members], sim.fed.task)
-        test = evaluate(sim.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task)
-        res = membership_advantage(sim.model, sim.fed, samples=samples, seed=seed)
+        run = Run(_config(name, opts, dataset, n_train, n_test, clients, per_round, rounds, seed), None,
+                  log=lambda s: None)
+        summary = simulate(run)
+        members = np.concatenate(run.fed.clients)
+        train = evaluate(run.model, run.fed.x[members], run.fed.y[members], run.fed.task)
+        test = evaluate(run.model, run.fed.x_test, run.fed.y_test, run.fed.task)
+        res = membership_advantage(run.model, run.fed, samples=samples, seed=seed)
         out[name] = {"train_accuracy": train["accuracy"], "test_accuracy": test["accuracy"],
                      "epsilon": summary["epsilon_final"], **res.as_dict()}
     t = Table(title=f"membership leakage after {rounds} rounds ({dataset}, {n_train} training samples, "

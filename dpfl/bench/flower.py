@@ -18,7 +18,8 @@ def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, a
             log=print) -> dict[str, Any]:
     """Run `config_text` over a local federation (seeded: comparable, not private) and in the
     simulator; returns both runs' per-round numbers and whether the final models are equal."""
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
+    from dpfl.engine.simulator import simulate
     from dpfl.flower.client import parse_run_config
     from dpfl.flower.local import run_local
 
@@ -26,12 +27,12 @@ def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, a
     work = workdir or tempfile.mkdtemp(prefix="dpfl-flower-")
     res = run_local(config_text, work, tls=tls, auth=auth, reproducible=True, timeout=timeout, evaluation=evaluation,
                     launcher=launcher, node_poll=node_poll, log=log)
-    sim = Simulation(cfg, None, log=lambda s: None)
+    run = Run(cfg, None, log=lambda s: None)
     sim_rounds: list[dict] = []
-    sim.run(sim_rounds.append)
+    simulate(run, sim_rounds.append)
     res["simulator"] = sim_rounds
-    res["equal"] = bool(torch.equal(res["w"], sim.w.cpu()))
-    res["max_abs_diff"] = float((res["w"] - sim.w.cpu()).abs().max())
+    res["equal"] = bool(torch.equal(res["w"], run.w.cpu()))
+    res["max_abs_diff"] = float((res["w"] - run.w.cpu()).abs().max())
     res["workdir"] = str(work)
     return res
 

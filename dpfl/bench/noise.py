@@ -137,7 +137,8 @@ def dp_rounds(device: str = "cpu", rounds: int = 3, names: list[str] | None = No
     """Seconds per round (rounds after the first) for each row of ROUNDS on `device` with all host
     threads, and the noise share where the scheme reports its draw time (dp_noise_seconds)."""
     from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
+    from dpfl.engine.simulator import simulate
     from dpfl.experiments import configs_root
 
     res = {}
@@ -146,8 +147,8 @@ def dp_rounds(device: str = "cpu", rounds: int = 3, names: list[str] | None = No
         cfg = load_config(configs_root() / path, [f"federation.rounds={rounds}", f"eval.every={rounds}",
                                                   f"run.device={device}", "run.threads=0", *extra])
         ms: list[dict] = []
-        sim = Simulation(cfg, None, log=lambda s: None)
-        sim.run(on_round=ms.append)
+        run = Run(cfg, None, log=lambda s: None)
+        simulate(run, on_round=ms.append)
         later = ms[1:] or ms
         sec = [m["round_seconds"] - m.get("eval_seconds", 0.0) for m in later]
         r = {"round_s": min(sec), "round_s_mean": sum(sec) / len(sec)}
@@ -155,7 +156,7 @@ def dp_rounds(device: str = "cpu", rounds: int = 3, names: list[str] | None = No
             v = [m.get("step_" + key) for m in later]
             r[key.replace("_seconds", "_s")] = min(v) if all(x is not None for x in v) else None
         if cfg.train.dpsgd is not None:  # DP-SGD reports no draw time: the round's noise drawn alone
-            n = sum(p.numel() for p in sim.model.parameters())
+            n = sum(p.numel() for p in run.model.parameters())
             k, steps = cfg.federation.clients_per_round, cfg.train.steps
             dev = torch.device(device)
             z = torch.empty(k, n, device=dev)

@@ -25,7 +25,8 @@ from rich.table import Table
 
 from dpfl.config import load_config
 from dpfl.engine.evaluate import evaluate
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 
 SETTING_D = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "settings",
                          "setting-d-fl-std.toml")
@@ -35,20 +36,20 @@ class _OpacusFederation:
     """The per-client Opacus loop: one `PrivacyEngine` per client (kept, so that a client selected
     again goes on accounting from its earlier steps), a fresh model copy per client and round."""
 
-    def __init__(self, sim: Simulation, mode: str, clip: float, sigma: float):
-        self.sim, self.mode, self.clip, self.sigma = sim, mode, clip, sigma
-        self.model = copy.deepcopy(sim.model)
-        self.w = sim.w.clone()
+    def __init__(self, run: Run, mode: str, clip: float, sigma: float):
+        self.run, self.mode, self.clip, self.sigma = run, mode, clip, sigma
+        self.model = copy.deepcopy(run.model)
+        self.w = run.w.clone()
         self.engines: dict[int, object] = {}
 
     def _client(self, c: int) -> torch.Tensor:
         from opacus import PrivacyEngine
 
-        sim, local = self.sim, self.sim.local
-        idx = torch.from_numpy(np.asarray(sim.fed.clients[c]))
-        x, y = sim.fed.x[idx].to(self.w.dtype), sim.fed.y[idx]
+        run, local = self.run, self.run.local
+        idx = torch.from_numpy(np.asarray(run.fed.clients[c]))
+        x, y = run.fed.x[idx].to(self.w.dtype), run.fed.y[idx]
         model = copy.deepcopy(self.model)
-        sim.flat.load_into(model, self.w)
+        run.flat.load_into(model, self.w)
         engine = self.engines.setdefault(c, PrivacyEngine(accountant="rdp"))
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=local.batch_size)
         made = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=local.lr),
@@ -66,10 +67,10 @@ class _OpacusFederation:
                 steps += 1
                 if steps == local.steps:
                     break
-        return sim.flat.flatten(model).to(self.w.dtype) - self.w
+        return run.flat.flatten(model).to(self.w.dtype) - self.w
 
     def round(self, cohort: np.ndarray) -> None:
-        sizes = torch.from_numpy(self.sim.fed.sizes[cohort].astype(np.float64))
+        sizes = torch.from_numpy(self.run.fed.sizes[cohort].astype(np.float64))
         agg = torch.zeros_like(self.w, dtype=torch.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -90,35 +91,41 @@ def run_bench(rounds: int = 2, clients: int = 100, clip: float = 1.0, noise_mult
     cfg = load_config(config, [f"federation.rounds={rounds}", f"federation.clients_per_round={clients}",
                                f"run.threads={threads}", f"eval.every={rounds}", f"train.dpsgd.clip={clip}",
                                f"train.dpsgd.noise_multiplier={noise_multiplier}"])
-    sim = Simulation(cfg, None, log=lambda s: None)
-    sim.setup()
-    if sim.fed.task != "multiclass":
+    run = Run(cfg, None, log=lambda s: None)
+    run.setup()
+    if run.fed.task != "multiclass":
         raise ValueError("the record-level FL bench runs multiclass tasks (its Opacus side uses cross-entropy)")
-    opa = _OpacusFederation(sim, mode, clip, noise_multiplier)
-    delta, T, B = cfg.train.dpsgd.delta, sim.local.steps, sim.local.batch_size
-    first = sim.select(1)[0][:1]  # untimed warm-up of both sides on one client (imports, kernels)
-    batches, dp, _ = sim.dp_round(1, first)
-    sim.trainer.train(sim.w, sim.fed.x, sim.fed.y, batches, dp=dp)
+    opa = _OpacusFederation(run, mode, clip, noise_multiplier)
+    delta, T, B = cfg.train.dpsgd.delta, run.local.steps, run.local.batch_size
+    # untimed warm-up of both sides on one client (imports, kernels): dpfl's in a one-client run of its own
+    simulate(Run(cfg.model_copy(update={"federation": cfg.federation.model_copy(
+        update={"rounds": 1, "clients_per_round": 1})}), None, log=lambda s: None))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opa._client(int(first[0]))
+        opa._client(int(run.select(1)[0][0]))
     opa.engines.clear()
     load_before = os.getloadavg()[0]
-    rows = []
-    for r in range(1, rounds + 1):
-        cohort, _ = sim.select(r)
-        examples = float(T * np.minimum(B, sim.fed.sizes[cohort]).sum())  # expected: Σ_k T·q_k·n_k
-        c0 = time.process_time()
-        m = sim.step_round()
-        c_dpfl = time.process_time() - c0
+    rows: list[dict] = []
+    last = [{}]
+    start = [time.process_time()]
+
+    def opacus_round(m: dict) -> None:  # after each dpfl round: Opacus trains the same cohort
+        c_dpfl = time.process_time() - start[0]
+        cohort, _ = run.select(m["round"])
+        examples = float(T * np.minimum(B, run.fed.sizes[cohort]).sum())  # expected: Σ_k T·q_k·n_k
         t0, c0 = time.perf_counter(), time.process_time()
         opa.round(cohort)
         t_opa, c_opa = time.perf_counter() - t0, time.process_time() - c0
-        rows.append({"round": r, "clients": len(cohort), "examples": examples,
+        rows.append({"round": m["round"], "clients": len(cohort), "examples": examples,
                      "dpfl_train_s": m["train_seconds"], "dpfl_round_cpu_s": c_dpfl,
                      "opacus_train_s": t_opa, "opacus_cpu_s": c_opa})
-    sim.flat.load_into(opa.model, opa.w)
-    acc_opa = evaluate(opa.model, sim.fed.x_test, sim.fed.y_test, sim.fed.task)["accuracy"]
+        last[0] = m
+        start[0] = time.process_time()
+
+    simulate(run, opacus_round)
+    m = last[0]
+    run.flat.load_into(opa.model, opa.w)
+    acc_opa = evaluate(opa.model, run.fed.x_test, run.fed.y_test, run.fed.task)["accuracy"]
     eps_opa = opa.epsilons(delta)
     ex_dpfl = [r["examples"] / r["dpfl_train_s"] for r in rows]
     ex_opa = [r["examples"] / r["opacus_train_s"] for r in rows]

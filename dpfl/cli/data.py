@@ -164,7 +164,7 @@ def _config(config: str):
 
 def _federation(cfg):
     """The configured dataset, partitioned as `dpfl run` does."""
-    from dpfl.engine.simulator import build_federation
+    from dpfl.engine.run import build_federation
     from dpfl.rng import Seeds
 
     return build_federation(cfg, Seeds(cfg.seed))

@@ -121,11 +121,13 @@ def _fmt_bytes(b: float) -> str:
     return f"{b:.1f} PB"
 
 
-def execute(sim, label: str) -> dict:
-    """Run a Simulation with a progress bar; returns its summary."""
-    total = sim.cfg.federation.rounds
+def execute(job, label: str) -> dict:
+    """Simulate `job` (a Run) with a progress bar; returns its summary."""
+    from dpfl.engine.simulator import simulate
+
+    total = job.cfg.federation.rounds
     with _progress() as prog:
-        task = prog.add_task(label, total=total, completed=sim.round, info="")
+        task = prog.add_task(label, total=total, completed=job.round, info="")
 
         def on_round(m: dict) -> None:
             acc = m.get("accuracy")
@@ -137,7 +139,7 @@ def execute(sim, label: str) -> dict:
             info += f"  up/client {_fmt_bytes(m['cum_up_bytes_per_client'])}"
             prog.update(task, completed=m["round"], info=info)
 
-        return sim.run(on_round)
+        return simulate(job, on_round)
 
 
 @app.command()
@@ -155,7 +157,7 @@ def run(
 ) -> None:
     """Run a federated experiment (or resume one)."""
     from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
     from dpfl.errors import ConfigError
 
     try:
@@ -163,9 +165,9 @@ def run(
             _refuse_flags("with --resume (it continues the run's own config.toml)",
                           CONFIG=config is not None, **{"--out": out is not None, "--overwrite": overwrite})
             _check_rounds(rounds)
-            sim = Simulation.resume(resume, log=console.print, rounds=rounds,
+            job = Run.resume(resume, log=console.print, rounds=rounds,
                                     allow_recalibration=allow_recalibration, resources=_resume_resources(set_))
-            console.print(f"resuming {resume} at round {sim.round}")
+            console.print(f"resuming {resume} at round {job.round}")
         else:
             if config is None:
                 raise ConfigError("give a CONFIG file or --resume DIR")
@@ -174,19 +176,19 @@ def run(
             cfg = load_config(_resolve_config(config), set_)
             if out is None:
                 out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            sim = Simulation(cfg, out, log=console.print, overwrite=overwrite)
-        console.print(f"dataset: {sim.fed.source}")
-        console.print(f"scheme:  {sim.scheme.describe()}  (n = {sim.flat.n:,} parameters, "
-                      f"{sim.cfg.data.n_clients} clients, {sim.cfg.cohort_size()} per round, engine "
-                      f"{sim.cfg.run.engine}/{sim.trainer.cohort.mode})")
-        if sim.record_sigma is not None:
-            d = sim.cfg.train.dpsgd
-            console.print(f"record-level DP-SGD in every client: σ = {sim.record_sigma:.4g}, C = {d.clip}, "
-                          f"δ = {d.delta}, Poisson batches q_k = min(1, {sim.local.batch_size} / n_k), RDP per client")
-        summary = execute(sim, sim.cfg.name)
+            job = Run(cfg, out, log=console.print, overwrite=overwrite)
+        console.print(f"dataset: {job.fed.source}")
+        console.print(f"scheme:  {job.scheme.describe()}  (n = {job.flat.n:,} parameters, "
+                      f"{job.cfg.data.n_clients} clients, {job.cfg.cohort_size()} per round, engine "
+                      f"{job.cfg.run.engine}/{job.trainer.cohort.mode})")
+        if job.record_sigma is not None:
+            d = job.cfg.train.dpsgd
+            console.print(f"record-level DP-SGD in every client: σ = {job.record_sigma:.4g}, C = {d.clip}, "
+                          f"δ = {d.delta}, Poisson batches q_k = min(1, {job.local.batch_size} / n_k), RDP per client")
+        summary = execute(job, job.cfg.name)
     except DpflError as e:
         _fail(e)
-    _print_summary(summary, sim.out)
+    _print_summary(summary, job.out)
 
 
 @app.command()
@@ -195,7 +197,7 @@ def quickstart(
 ) -> None:
     """The one-minute tour: FL-STD, then client-level DP with secure aggregation, on the default dataset."""
     from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
     from dpfl.experiments.report import load_run
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -203,17 +205,17 @@ def quickstart(
     try:
         for name in ("quickstart", "quickstart-dp"):
             cfg = load_config(_resolve_config(Path(name)))
-            sim = Simulation(cfg, out / f"{name}-{stamp}", log=console.print)
-            console.print(f"[bold]{name}[/bold]: {sim.scheme.describe()}  ({sim.flat.n:,} parameters, "
+            job = Run(cfg, out / f"{name}-{stamp}", log=console.print)
+            console.print(f"[bold]{name}[/bold]: {job.scheme.describe()}  ({job.flat.n:,} parameters, "
                           f"{cfg.data.n_clients} clients, {cfg.cohort_size()} a round, {cfg.federation.rounds} rounds)")
             t0 = time.perf_counter()
-            summary = execute(sim, name)
-            done.append((name, sim, summary, time.perf_counter() - t0))
+            summary = execute(job, name)
+            done.append((name, job, summary, time.perf_counter() - t0))
     except DpflError as e:
         _fail(e)
     console.print(f"dataset: {done[0][1].fed.source}", highlight=False, soft_wrap=True)
-    for name, sim, summary, secs in done:
-        evaluated = [m for m in load_run(sim.out)[1] if m.get("accuracy") is not None]
+    for name, job, summary, secs in done:
+        evaluated = [m for m in load_run(job.out)[1] if m.get("accuracy") is not None]
         last = evaluated[-1] if evaluated else {}
         line = (f"{name:14s} accuracy {last.get('accuracy', float('nan')):.4f} at round {last.get('round')} "
                 f"(best {summary['best']['accuracy']:.4f} at {summary['best']['round']}), "
@@ -223,7 +225,7 @@ def quickstart(
             if summary.get("epsilon_note"):
                 line += f" ({summary['epsilon_note']})"
         console.print(line, highlight=False, soft_wrap=True)
-        console.print(f"{'':14s} run directory {sim.out}", highlight=False, soft_wrap=True)
+        console.print(f"{'':14s} run directory {job.out}", highlight=False, soft_wrap=True)
     console.print("next: `dpfl report " + " ".join(str(s.out) for _, s, _, _ in done) + "` plots both; "
                   "`dpfl reproduce list` runs the thesis tables; `dpfl schemes` lists every scheme.",
                   highlight=False, soft_wrap=True)
@@ -231,7 +233,7 @@ def quickstart(
 
 def _resume_resources(set_: list[str] | None) -> dict | None:
     """--set with --resume: only this machine's resources (run.threads, run.device, ...), never the experiment
-    (their values are checked by `Simulation.resume`)."""
+    (their values are checked by `Run.resume`)."""
     from dpfl.config import RESUME_RESOURCES, apply_overrides
     from dpfl.errors import ConfigError
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from dpfl.config import RunConfig, load_config
 from dpfl.engine import checkpoint
-from dpfl.engine.simulator import CHECKPOINT, CONFIG, build_federation, device
+from dpfl.engine.run import CHECKPOINT, CONFIG, build_federation, device
 from dpfl.errors import ConfigError, DataError
 from dpfl.models import build_model
 from dpfl.models.flat import FlatParams

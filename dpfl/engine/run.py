@@ -2,8 +2,8 @@
 accountant, round, totals, best round) and what every round ends with (the model update, the
 server's evaluation, the metrics line, checkpoints, the summary and the run directory's files).
 
-`Run` is the one object both drivers drive: the in-process simulator (`engine.simulator.Simulation`,
-a Run whose clients train in this process) and the Flower deployment
+`Run` is the one object both drivers drive: the in-process simulator (`engine.simulator.simulate`,
+whose clients train in this process) and the Flower deployment
 (`dpfl.flower.coordinator.Coordinator`, whose clients train on their own sites). Neither reads the
 other; the run directory they write is the same (`RUN_FILES`).
 
@@ -190,7 +190,7 @@ def is_run_dir(out: Path) -> bool:
 
 
 class Run:
-    """One federated run's state and bookkeeping (module docstring); `Simulation` trains its clients.
+    """One federated run's state and bookkeeping (module docstring); `simulate(run)` trains its clients.
 
     `data=False`: a deployed server that evaluates on the sites only (evaluation = "federated")
     loads no dataset: `fed` is None, the sites check their data against the model, a scheme that

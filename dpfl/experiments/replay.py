@@ -45,12 +45,14 @@ def _comparable(m: dict[str, Any]) -> dict[str, Any]:
 def rerun(run_dir: Path, rounds: int) -> list[dict[str, Any]]:
     """The first `rounds` metrics lines of the row in `run_dir`, run afresh from its config.toml."""
     from dpfl.config import load_config
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
+    from dpfl.engine.simulator import simulate
 
     cfg = load_config(run_dir / "config.toml")
+    got: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        sim = Simulation(cfg, Path(tmp) / "run", log=lambda s: None)
-        return [_comparable(sim.step_round()) for _ in range(rounds)]
+        simulate(Run(cfg, Path(tmp) / "run", log=lambda s: None), lambda m: got.append(_comparable(m)), until=rounds)
+    return got
 
 
 def compare(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[str]:
@@ -83,7 +85,7 @@ def _commit(e: dict[str, Any]) -> str:
 
 def code_note(code: list[dict[str, Any]] | None) -> str:
     """Which code made the record, beside the code replaying it: a difference may be a change of code."""
-    from dpfl.engine.simulator import code_version
+    from dpfl.engine.run import code_version
 
     now = _commit(code_version())
     if not code:

@@ -130,7 +130,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
     from dpfl.config import load_config
-    from dpfl.engine.simulator import CHECKPOINT, Simulation, is_run_dir
+    from dpfl.engine.run import CHECKPOINT, Run, is_run_dir
 
     sets = list(overrides)
     if rounds is not None:
@@ -166,21 +166,21 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
                 if diff:
                     raise ConfigError(f"{run_dir} was run with a different config ({', '.join(diff)}); "
                                       "a resumed row keeps its own: use another --out, or --overwrite")
-                sim = Simulation.resume(run_dir, log=console.print, rounds=cfg.federation.rounds,
-                                        allow_recalibration=allow_recalibration,
-                                        resources={k: getattr(cfg.run, k) for k in RESUME_RESOURCES})
-                console.print(f"{row}: resuming at round {sim.round}")
+                job = Run.resume(run_dir, log=console.print, rounds=cfg.federation.rounds,
+                                 allow_recalibration=allow_recalibration,
+                                 resources={k: getattr(cfg.run, k) for k in RESUME_RESOURCES})
+                console.print(f"{row}: resuming at round {job.round}")
             else:
                 if not overwrite and is_run_dir(run_dir):
                     raise ConfigError(f"{run_dir} holds a run without a checkpoint to resume from; "
                                       "--overwrite starts it over")
-                sim = Simulation(cfg, run_dir, log=console.print, overwrite=overwrite)
+                job = Run(cfg, run_dir, log=console.print, overwrite=overwrite)
         except (ConfigError, DataError) as e:  # e.g. a scheme refusing the accountant, a refused resume
             console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
             results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
             continue
-        console.print(f"{row}: {sim.scheme.describe()}")
-        s = execute(sim, row)
+        console.print(f"{row}: {job.scheme.describe()}")
+        s = execute(job, row)
         results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
                                                 "rounds_full": full_rounds(table, row)}, "dir": str(run_dir)})
     compare = print_comparison(table, thesis, results, console, wide)

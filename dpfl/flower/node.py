@@ -1,6 +1,6 @@
 """One deployed client: its own data, and the simulator's training core and client chain.
 
-A client trains exactly as `Simulation` does for one row of its cohort (`Trainer.train` on
+A client trains exactly as the simulator (`engine.simulator`) does for one row of its cohort (`Trainer.train` on
 batches [1, T, B]), runs the scheme's client steps on that row, and encodes it for the
 transport: a codec payload, or words in Z_(2^b) for the secure sum, masked by its side of
 `dpfl.secagg.protocol` (`party.Party`).

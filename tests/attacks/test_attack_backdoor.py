@@ -6,13 +6,14 @@ import torch
 from attack_helpers import tiny_config
 
 from dpfl.attacks.backdoor import predict
-from dpfl.engine.simulator import Simulation, build_federation
+from dpfl.engine.run import Run, build_federation
+from dpfl.engine.simulator import Simulator
 from dpfl.errors import ConfigError, DataError
 from dpfl.rng import Seeds
 
 
 def sim_with(attack, **kw):
-    return Simulation(tiny_config(attack=attack, **kw), None, log=lambda s: None)
+    return Run(tiny_config(attack=attack, **kw), None, log=lambda s: None)
 
 
 def test_in_backdoor_relabels_only_the_attackers_copy():
@@ -45,7 +46,7 @@ def test_out_backdoor_removes_the_class_from_honest_clients_and_the_test_set():
 
 def test_backdoor_metrics_match_a_direct_count():
     sim = sim_with({"name": "in-backdoor", "fraction": 0.2, "options": {"source": 5, "target": 7}})
-    m = sim.step_round()
+    m = Simulator(sim).step_round()
     pred = predict(sim.model, sim.fed.x_test[sim.fed.y_test == 5])
     assert m["source_accuracy"] == pytest.approx(float((pred == 5).double().mean()))
     assert m["attack_success"] == pytest.approx(float((pred == 7).double().mean()))
@@ -55,7 +56,7 @@ def test_out_backdoor_with_boosting_implants_the_backdoor_in_fl_std():
     def run(fraction):
         sim = sim_with({"name": "out-backdoor", "fraction": fraction, "options": {"source": 0, "target": 1,
                                                                                   "boost": 3.0}}, rounds=6)
-        ms = [sim.step_round() for _ in range(6)]
+        ms = [Simulator(sim).step_round() for _ in range(6)]
         return np.mean([m["attack_success"] for m in ms]), max(m["accuracy"] for m in ms)
 
     (clean, _), (attacked, acc) = run(0.0), run(0.3)
@@ -87,7 +88,7 @@ def test_pool_epochs_trains_the_union_for_a_clients_epochs_not_its_steps(monkeyp
             return real(w, x, y, batches, *a, **kw)
 
         monkeypatch.setattr(sim.trainer, "train", spy)
-        sim.step_round()
+        Simulator(sim).step_round()
         return [s for s in seen if s[0] == 1]  # the union's one training call (honest: all rows at once)
 
     assert one_row_calls(False) == [(1, 5, 10)]
@@ -100,4 +101,4 @@ def test_pool_epochs_is_checked():
     sim = sim_with({"name": "gradient-ascent", "fraction": 0.3, "options": {"pool_epochs": True}}, scheme="fedsgd")
     assert sim.scheme.full_batch
     with pytest.raises(ConfigError, match="pool_epochs applies to schemes that train T_gd steps"):
-        sim.step_round()
+        Simulator(sim).step_round()

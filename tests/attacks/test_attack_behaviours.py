@@ -8,7 +8,8 @@ from scipy import stats
 
 from dpfl.attacks.registry import build_attack
 from dpfl.config import AttackConfig
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import Simulator
 from dpfl.errors import ConfigError
 
 
@@ -129,13 +130,13 @@ def test_attack_section_validation_names_allowed_modes():
 
 
 def run(cfg, scheme=None, rounds=None):
-    sim = Simulation(cfg, None, log=lambda s: None)
+    sim = Run(cfg, None, log=lambda s: None)
     if scheme is not None:
         sim.scheme = scheme
     norms, accs = [], []
     for _ in range(rounds or cfg.federation.rounds):
         w0 = sim.w.clone()
-        m = sim.step_round()
+        m = Simulator(sim).step_round()
         norms.append(float((sim.w - w0).norm()))
         accs.append(m["accuracy"])
     return sim, norms, accs
@@ -161,12 +162,12 @@ def test_gradient_ascent_colluders_send_one_update_from_the_union_of_their_data(
     from dpfl.schemes.sampling import local_positions
 
     cfg = tiny_config(rounds=1, attack={"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}})
-    sim = Simulation(cfg, None, log=lambda s: None)
+    sim = Run(cfg, None, log=lambda s: None)
     sim.setup()
     cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
     ctx.malicious = sim.attack.select(ctx)
-    u = sim.client_updates(ctx)
+    u = Simulator(sim).client_updates(ctx)
     bad = torch.from_numpy(ctx.malicious)
     assert int(bad.sum()) == 3 and (u[bad] == u[bad][0]).all()  # colluding: one identical update
     # reference: the same local procedure, ascending, on the pooled data, boosted by η_Adv = 10
@@ -287,8 +288,8 @@ def test_in_backdoor_against_fl_sign_dp_end_to_end():
            "options": {"source": 5, "target": 7, "omit_noise": True, "sign_boost": 100}}
     cfg = tiny_config(attack=att, rounds=8, privacy={"sampling_assumption": "poisson"})  # as the thesis
     cfg.scheme.name, cfg.scheme.options = "fl-sign-dp", {"gamma": 0.01, "sigma": 1.0}
-    sim = Simulation(cfg, None, log=lambda s: None)
-    ms = [sim.step_round() for _ in range(8)]
+    sim = Run(cfg, None, log=lambda s: None)
+    ms = [Simulator(sim).step_round() for _ in range(8)]
     assert all(m["step_dp_noise_shares"] == 9 for m in ms)
     assert all(m["source_accuracy"] == 0 for m in ms)  # thesis Tables 6.9 / 6.10: 0 on the source class
     assert ms[-1]["attack_success"] > 0.7 and ms[-1]["accuracy"] > 0.3
@@ -302,7 +303,7 @@ def test_an_overflowing_ascent_sends_its_last_finite_iterate_and_is_not_dropped(
 
     ga = {"name": "gradient-ascent", "fraction": 0.3, "options": {"boost": 10.0}}
     cfg = tiny_config(rounds=1, lr=1e18, attack=ga)
-    sim = Simulation(cfg, None, log=lambda s: None)
+    sim = Run(cfg, None, log=lambda s: None)
     sim.setup()
     cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
@@ -318,7 +319,7 @@ def test_an_overflowing_ascent_sends_its_last_finite_iterate_and_is_not_dropped(
             break
         total, steps = total + step, steps + 1
     assert 1 <= steps < 5 and total.abs().max() > 0
-    u = sim.client_updates(ctx)
+    u = Simulator(sim).client_updates(ctx)
     bad = torch.from_numpy(ctx.malicious)
     assert torch.isfinite(u[bad]).all()
     torch.testing.assert_close(u[bad][0], 10.0 * total)  # finite: the divergence filter keeps it

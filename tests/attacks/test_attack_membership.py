@@ -67,10 +67,11 @@ def test_overfit_model_leaks_membership_and_untrained_model_does_not():
 
 def test_membership_from_a_run_directory_and_the_cli(tmp_path):
     from dpfl.cli.attacks import app
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
+    from dpfl.engine.simulator import simulate
 
     out = tmp_path / "run"
-    Simulation(tiny_config(rounds=2), out, log=lambda s: None).run()
+    simulate(Run(tiny_config(rounds=2), out, log=lambda s: None))
     res = CliRunner().invoke(app, ["membership", str(out), "--samples", "200", "--json"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)

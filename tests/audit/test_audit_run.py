@@ -83,11 +83,11 @@ def test_record_level_dpsgd_in_clients_is_audited(audit_config, tmp_path):
 
 
 def test_record_canaries_are_in_the_clients_data_only_when_included(audit_config):
-    from dpfl.audit.records import RecordCanarySimulation
+    from dpfl.audit.records import RecordCanaryRun
 
     cfg = audit_config(**{"scheme.name": "fl-std", "scheme.options": {}, "data.n_clients": 4,
                           "train.dpsgd": {"noise_multiplier": 1.0, "clip": 1.0}, "federation.rounds": 1})
-    sim = RecordCanarySimulation(cfg, 50, log=lambda s: None)
+    sim = RecordCanaryRun(cfg, 50, log=lambda s: None)
     real = sim.fed.x.shape[0] - int(sim.included.sum())
     held = np.sort(np.concatenate(sim.fed.clients))
     assert held[held >= real].tolist() == list(range(real, sim.fed.x.shape[0]))  # each included canary once

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dpfl.cli.main import app
 from dpfl.config import load_config
 from dpfl.data import load_site_data, site_test_split
-from dpfl.engine.simulator import build_federation
+from dpfl.engine.run import build_federation
 from dpfl.rng import Seeds
 
 TINY = """name = "tiny"

@@ -9,7 +9,8 @@ import torch
 
 from dpfl.config import load_config
 from dpfl.engine.evaluate import evaluate
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.rng import Seeds
 from dpfl.schemes.base import RoundContext
 from dpfl.schemes.secure_sum import SecAggTransport
@@ -33,7 +34,7 @@ def test_secure_sum_hands_the_aggregate_over_on_the_rounds_device(encoding, rows
     assert on_cpu.tolist() == ([1.0] * 3 if encoding == "fixed" else [8] * 3)
 
 
-def _run(tmp_path, device: str, scheme: str, dpsgd: dict | None = None, **opts) -> tuple[Simulation, list[dict]]:
+def _run(tmp_path, device: str, scheme: str, dpsgd: dict | None = None, **opts) -> tuple[Run, list[dict]]:
     cfg = load_config(data={
         "name": "device", "seed": 5,
         "data": {"dataset": "digits", "n_clients": 30},
@@ -44,8 +45,8 @@ def _run(tmp_path, device: str, scheme: str, dpsgd: dict | None = None, **opts) 
         "privacy": {"accountant": "rdp", "delta": 1e-5, "sampling_assumption": "poisson"}, "eval": {"every": 1},
         "run": {"device": device, "checkpoint_every": 2},
     })
-    sim = Simulation(cfg, tmp_path / device, log=lambda s: None)
-    sim.run()
+    sim = Run(cfg, tmp_path / device, log=lambda s: None)
+    simulate(sim)
     rows = [json.loads(x) for x in (tmp_path / device / "metrics.jsonl").read_text().splitlines()]
     return sim, rows
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from dpfl.config import load_config
 from dpfl.dpsgd.core import clipped_grad_sum
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import Simulator, simulate
 from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, PrivacyError
 from dpfl.models import build_model
@@ -77,11 +78,11 @@ def test_simulation_per_client_epsilon_matches_dp_accounting(tiny_config):
     # quantity partition: clients of different sizes (rates) and participation counts
     cfg = tiny_config(**{"train.dpsgd": DP, "data.partition": "quantity", "federation.rounds": 4,
                          "data.n_clients": 8, "federation.clients_per_round": 3})
-    sim = Simulation(cfg, None, log=lambda s: None)
+    sim = Run(cfg, None, log=lambda s: None)
     sim.setup()
     sim.record.orders = ORDERS
     sim.record._curves.clear()
-    ms = [sim.step_round() for _ in range(4)]
+    ms = [Simulator(sim).step_round() for _ in range(4)]
     rounds: dict[int, int] = {}
     last: dict[int, float] = {}
     for m in ms:
@@ -204,13 +205,13 @@ def test_cohort_bookkeeping_equals_the_vmap_path_and_falls_back():
 
 def test_same_seed_identical_and_resume(tmp_path, tiny_config):
     cfg = {"train.dpsgd": DP, "federation.rounds": 4}
-    a = Simulation(tiny_config(**cfg), tmp_path / "a", log=lambda s: None)
-    a.run()
-    b = Simulation(tiny_config(**cfg), tmp_path / "b", log=lambda s: None)
-    b.run(lambda m: None)
+    a = Run(tiny_config(**cfg), tmp_path / "a", log=lambda s: None)
+    simulate(a)
+    b = Run(tiny_config(**cfg), tmp_path / "b", log=lambda s: None)
+    simulate(b, lambda m: None)
     assert torch.equal(a.w, b.w) and metrics(tmp_path / "a") == metrics(tmp_path / "b")
-    plain = Simulation(tiny_config(**{"federation.rounds": 4}), None, log=lambda s: None)
-    plain.run()
+    plain = Run(tiny_config(**{"federation.rounds": 4}), None, log=lambda s: None)
+    simulate(plain)
     assert not torch.equal(plain.w, a.w)
 
     class Crash(Exception):
@@ -220,40 +221,40 @@ def test_same_seed_identical_and_resume(tmp_path, tiny_config):
         if m["round"] == 3:
             raise Crash
 
-    c = Simulation(tiny_config(**cfg), tmp_path / "c", log=lambda s: None)
+    c = Run(tiny_config(**cfg), tmp_path / "c", log=lambda s: None)
     with pytest.raises(Crash):
-        c.run(crash_at_3)  # checkpoint at round 2
-    resumed = Simulation.resume(tmp_path / "c", log=lambda s: None)
+        simulate(c, crash_at_3)  # checkpoint at round 2
+    resumed = Run.resume(tmp_path / "c", log=lambda s: None)
     assert resumed.round == 2
-    resumed.run()
+    simulate(resumed)
     assert torch.equal(resumed.w, a.w) and metrics(tmp_path / "c") == metrics(tmp_path / "a")
 
 
 def test_sequential_engine_matches_vectorized(tiny_config):
-    a = Simulation(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2}), None, log=lambda s: None)
-    a.run()
-    b = Simulation(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "run.engine": "sequential"}), None,
+    a = Run(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2}), None, log=lambda s: None)
+    simulate(a)
+    b = Run(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "run.engine": "sequential"}), None,
                    log=lambda s: None)
-    b.run()
+    simulate(b)
     assert torch.allclose(a.w, b.w, atol=1e-5)
 
 
 def test_target_epsilon_stops_before_exceeding(tmp_path, tiny_config):
     cfg = tiny_config(**{"train.dpsgd": {**DP, "target_epsilon": 3.0}, "federation.rounds": 20,
                          "federation.clients_per_round": 10})
-    sim = Simulation(cfg, tmp_path, log=lambda s: None)
-    summary = sim.run()
+    sim = Run(cfg, tmp_path, log=lambda s: None)
+    summary = simulate(sim)
     ms = metrics(tmp_path)
     assert summary["stopped"] and "train.dpsgd.target_epsilon" in summary["stopped"]
     assert 0 < len(ms) < 20 and all(m["record_epsilon_max"] <= 3.0 for m in ms)
     with pytest.raises(BudgetExceededError):
-        sim.step_round()
+        Simulator(sim).step_round()
 
 
 def test_target_only_calibrates_sigma_within_target(tiny_config):
     cfg = tiny_config(**{"train.dpsgd": {"clip": 1.0, "target_epsilon": 2.0}, "federation.rounds": 6})
-    sim = Simulation(cfg, None, log=lambda s: None)
-    s = sim.run()
+    sim = Run(cfg, None, log=lambda s: None)
+    s = simulate(sim)
     assert s["stopped"] is None and s["rounds_run"] == 6
     assert 1.5 < s["record_level"]["epsilon_max"] <= 2.0
 
@@ -281,7 +282,7 @@ def test_config_errors_are_one_line(dpsgd, needle, tiny_config):
 
 def test_full_batch_scheme_refused(tiny_config):
     with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
-        Simulation(tiny_config(**{"train.dpsgd": DP, "scheme.name": "fedsgd"}), None, log=lambda s: None)
+        Run(tiny_config(**{"train.dpsgd": DP, "scheme.name": "fedsgd"}), None, log=lambda s: None)
 
 
 def test_load_config_accepts_section():
@@ -292,8 +293,8 @@ def test_load_config_accepts_section():
 def test_record_epsilon_beside_client_level_epsilon(tiny_config):
     cfg = tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "scheme.name": "fl-std-dp",
                          "scheme.options": {"sigma": 1.0, "clip": 1.0}})
-    sim = Simulation(cfg, None, log=lambda s: None)
-    m = [sim.step_round() for _ in range(2)][-1]
+    sim = Run(cfg, None, log=lambda s: None)
+    m = [Simulator(sim).step_round() for _ in range(2)][-1]
     assert m["epsilon"] > 0 and m["record_epsilon_max"] > 0
     assert sim.summary()["epsilon_final"] == m["epsilon"]
     assert sim.summary()["record_level"]["epsilon_max"] == m["record_epsilon_max"]
@@ -313,10 +314,10 @@ def test_accountant_rdp_and_bad_state():
 
 
 def test_gradient_correction_scheme_refused(tiny_config):
-    sim = Simulation(tiny_config(**{"train.dpsgd": DP, "scheme.name": "feddyn", "scheme.options": {"alpha": 0.01}}),
+    sim = Run(tiny_config(**{"train.dpsgd": DP, "scheme.name": "feddyn", "scheme.options": {"alpha": 0.01}}),
                      None, log=lambda s: None)
     with pytest.raises(ConfigError, match="train.dpsgd does not combine"):
-        sim.step_round()
+        Simulator(sim).step_round()
 
 
 def test_record_fl_bench_runs_both_sides_and_they_account_alike(tmp_path):
@@ -361,8 +362,8 @@ def test_noise_drawn_in_threads_is_the_noise_drawn_in_one(tiny_config):
     # changes the wall time only (the tiny model's kernels are too small to split across threads)
     runs = []
     for threads in (1, 3):
-        sim = Simulation(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "run.threads": threads}), None,
+        sim = Run(tiny_config(**{"train.dpsgd": DP, "federation.rounds": 2, "run.threads": threads}), None,
                          log=lambda s: None)
-        sim.run()
+        simulate(sim)
         runs.append(sim.w.clone())
     assert torch.equal(*runs)

@@ -8,7 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import Simulator, simulate
 from dpfl.errors import ConfigError
 from dpfl.schemes.sampling import drop, local_positions, select_fixed, select_poisson
 
@@ -26,20 +27,20 @@ def metrics(run_dir):
 
 
 def test_same_seed_same_metrics_and_model(tmp_path, tiny_config):
-    a = Simulation(tiny_config(), tmp_path / "a", log=lambda s: None)
-    a.run()
-    b = Simulation(tiny_config(), tmp_path / "b", log=lambda s: None)
-    b.run()
+    a = Run(tiny_config(), tmp_path / "a", log=lambda s: None)
+    simulate(a)
+    b = Run(tiny_config(), tmp_path / "b", log=lambda s: None)
+    simulate(b)
     assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
     assert torch.equal(a.w, b.w)
-    c = Simulation(tiny_config(seed=4), tmp_path / "c", log=lambda s: None)
-    c.run()
+    c = Run(tiny_config(seed=4), tmp_path / "c", log=lambda s: None)
+    simulate(c)
     assert not torch.equal(a.w, c.w)
 
 
 def test_resume_is_bit_identical(tmp_path, tiny_config):
-    full = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "full", log=lambda s: None)
-    full.run()
+    full = Run(tiny_config(**{"federation.rounds": 6}), tmp_path / "full", log=lambda s: None)
+    simulate(full)
 
     class Crash(Exception):
         pass
@@ -48,13 +49,13 @@ def test_resume_is_bit_identical(tmp_path, tiny_config):
         if m["round"] == 5:
             raise Crash
 
-    part = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "part", log=lambda s: None)
+    part = Run(tiny_config(**{"federation.rounds": 6}), tmp_path / "part", log=lambda s: None)
     with pytest.raises(Crash):
-        part.run(crash_at_5)  # checkpoint at round 4, metrics written through round 5
+        simulate(part, crash_at_5)  # checkpoint at round 4, metrics written through round 5
     assert len(metrics(tmp_path / "part")) == 5
-    resumed = Simulation.resume(tmp_path / "part", log=lambda s: None)
+    resumed = Run.resume(tmp_path / "part", log=lambda s: None)
     assert resumed.round == 4
-    resumed.run()
+    simulate(resumed)
     assert metrics(tmp_path / "part") == metrics(tmp_path / "full")
     assert torch.equal(resumed.w, full.w)
 
@@ -70,8 +71,8 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     from dpfl.errors import DataError
 
     cfg = tiny_config(**{"federation.rounds": 4, "run.checkpoint_every": 2})
-    full = Simulation(cfg, tmp_path / "full", log=lambda s: None)
-    full.run()
+    full = Run(cfg, tmp_path / "full", log=lambda s: None)
+    simulate(full)
     code = json.loads((tmp_path / "full" / "summary.json").read_text())["code"]
     here = simulator.ran_on(simulator.torch.device("cpu"))
     assert code == [{**simulator.code_version(), "ran_on": here, "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
@@ -89,10 +90,10 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     for name, version, at in (("same", simulator.code_version(), here), ("other", other, here),
                               ("elsewhere", simulator.code_version(), "cuda: a GPU on a CPU (AVX512)")):
         with pytest.raises(KeyboardInterrupt):
-            Simulation(cfg, tmp_path / name, log=lambda s: None).run(stop_at_3)  # checkpoint at round 2
+            simulate(Run(cfg, tmp_path / name, log=lambda s: None), stop_at_3)  # checkpoint at round 2
         monkeypatch.setattr(simulator, "code_version", lambda v=version: dict(v))
         monkeypatch.setattr(simulator, "ran_on", lambda d, at=at: at)
-        Simulation.resume(tmp_path / name, log=lambda s: None).run()
+        simulate(Run.resume(tmp_path / name, log=lambda s: None))
         monkeypatch.undo()
         got = json.loads((tmp_path / name / "summary.json").read_text())["code"]
         want = code if name == "same" else [*code, {**version, "ran_on": at, "from_round": 3}]
@@ -103,16 +104,16 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     st["code"] = [{"dpfl": "0.1.0", "commit": 7}]
     ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
     with pytest.raises(DataError, match="'code' must be a list of code versions"):
-        Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
+        Run.resume(tmp_path / "full", log=lambda s: None, rounds=5)
     del st["code"]  # a checkpoint from before code versions: its rounds' code is unknown
     ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
-    sim = Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
+    sim = Run.resume(tmp_path / "full", log=lambda s: None, rounds=5)
     assert sim.code == [{"dpfl": None, "commit": None, "modified": None, "from_round": 1},
                         {**simulator.code_version(), "ran_on": here, "from_round": 5}]
     st["code"] = [{**simulator.code_version(), "ran_on": 3, "from_round": 1}]  # not a line of text
     ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
     with pytest.raises(DataError, match="'code' must be a list of code versions"):
-        Simulation.resume(tmp_path / "full", log=lambda s: None, rounds=5)
+        Run.resume(tmp_path / "full", log=lambda s: None, rounds=5)
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
@@ -123,22 +124,22 @@ def test_a_signal_ends_the_round_saves_a_checkpoint_and_resume_equals_an_uninter
 
     from dpfl.errors import RunStopped
 
-    full = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "full", log=lambda s: None)
-    full.run()
+    full = Run(tiny_config(**{"federation.rounds": 6}), tmp_path / "full", log=lambda s: None)
+    simulate(full)
 
     def signal_in_round_3(m):
         if m["round"] == 3:
             os.kill(os.getpid(), getattr(signal, signame))
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    part = Simulation(tiny_config(**{"federation.rounds": 6}), tmp_path / "part", log=lambda s: None)
+    part = Run(tiny_config(**{"federation.rounds": 6}), tmp_path / "part", log=lambda s: None)
     with pytest.raises(RunStopped, match=f"stopped by {signame} after round 3 of 6; checkpoint saved; resume with"):
-        part.run(signal_in_round_3)  # checkpoint_every = 2: without the signal the checkpoint would be at 2
+        simulate(part, signal_in_round_3)  # checkpoint_every = 2: without the signal the checkpoint would be at 2
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     assert len(metrics(tmp_path / "part")) == 3 and not (tmp_path / "part" / "summary.json").exists()
-    resumed = Simulation.resume(tmp_path / "part", log=lambda s: None)
+    resumed = Run.resume(tmp_path / "part", log=lambda s: None)
     assert resumed.round == 3
-    resumed.run()
+    simulate(resumed)
     assert metrics(tmp_path / "part") == metrics(tmp_path / "full")
     assert torch.equal(resumed.w, full.w)
 
@@ -168,19 +169,19 @@ def test_cli_run_stopped_by_sigterm_exits_130_with_the_resume_command(tmp_path, 
     done = len(metrics(out))
     assert f"stopped by SIGTERM after round {done} of 10000; checkpoint saved; resume with `dpfl run --resume" in text
     assert "error" not in text.lower()
-    assert Simulation.resume(out, log=lambda s: None).round == done
+    assert Run.resume(out, log=lambda s: None).round == done
 
 
 def test_a_model_built_for_other_inputs_is_one_config_error_before_anything_is_written(tmp_path, tiny_config):
     cfg = tiny_config(**{"model.options": {"in_features": 784, "hidden": 8}})  # digits examples are 8x8
     with pytest.raises(ConfigError, match=r"model 'mlp' does not take the examples of .*\(shape \(1, 8, 8\)\)"):
-        Simulation(cfg, tmp_path / "run", log=lambda s: None)
+        Run(cfg, tmp_path / "run", log=lambda s: None)
     assert not (tmp_path / "run").exists()
 
 
 def test_fl_std_bytes_measured_equal_formula(tmp_path, tiny_config):
-    sim = Simulation(tiny_config(), tmp_path, log=lambda s: None)
-    sim.run()
+    sim = Run(tiny_config(), tmp_path, log=lambda s: None)
+    simulate(sim)
     ms = metrics(tmp_path)
     n, k, N = sim.flat.n, 5, 20
     for m in ms:
@@ -192,27 +193,27 @@ def test_fl_std_bytes_measured_equal_formula(tmp_path, tiny_config):
 
 def test_weighted_mean_uses_data_sizes(tmp_path, tiny_config):
     cfg = tiny_config(**{"data.partition": "quantity", "federation.rounds": 1})
-    sim = Simulation(cfg, None, log=lambda s: None)
+    sim = Run(cfg, None, log=lambda s: None)
     sim.setup()
     w0 = sim.w.clone()
     cohort, _ = sim.select(1)
     ctx = sim.context(1, cohort, len(cohort))
-    u = sim.client_updates(ctx)
+    u = Simulator(sim).client_updates(ctx)
     sizes = torch.tensor(sim.fed.sizes[cohort], dtype=torch.float64)
     expect = (sizes / sizes.sum()) @ u.double()
-    sim.step_round()
+    Simulator(sim).step_round()
     torch.testing.assert_close((sim.w - w0).double(), expect, rtol=1e-5, atol=1e-7)
 
 
 def test_learns_on_digits(tmp_path, tiny_config):
     cfg = tiny_config(**{"federation.rounds": 15, "train.steps": 5, "train.lr": 0.2})
-    s = Simulation(cfg, tmp_path, log=lambda s: None).run()
+    s = simulate(Run(cfg, tmp_path, log=lambda s: None))
     assert s["best"]["accuracy"] > 0.6  # chance is 0.1
 
 
 def test_dropout_and_poisson_sampling(tmp_path, tiny_config):
     cfg = tiny_config(**{"federation.dropout": 0.5, "federation.sampling": "poisson", "federation.rounds": 3})
-    Simulation(cfg, tmp_path, log=lambda s: None).run()
+    simulate(Run(cfg, tmp_path, log=lambda s: None))
     ms = metrics(tmp_path)
     assert all(m["answered"] <= m["selected"] for m in ms)
     assert any(m["answered"] < m["selected"] for m in ms)
@@ -245,11 +246,11 @@ def test_config_errors_name_key_and_allowed(tmp_path, tiny_config):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
     with pytest.raises(ConfigError, match=r"unknown scheme 'fl-nope'; allowed: .*fl-std"):
-        Simulation(tiny_config(**{"scheme.name": "fl-nope"}), None, log=lambda s: None)
+        Run(tiny_config(**{"scheme.name": "fl-nope"}), None, log=lambda s: None)
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['gamma'\]"):
-        Simulation(tiny_config(**{"scheme.options": {"gamma": 1}}), None, log=lambda s: None)
+        Run(tiny_config(**{"scheme.options": {"gamma": 1}}), None, log=lambda s: None)
     with pytest.raises(ConfigError, match="not a resumable run directory"):
-        Simulation.resume(tmp_path)
+        Run.resume(tmp_path)
 
 
 def test_cli_run_resume_report(tmp_path, tiny_config):
@@ -273,57 +274,62 @@ def test_cli_run_resume_report(tmp_path, tiny_config):
     assert r.exit_code == 2 and "federation.rounds" in r.output
 
 
-class _Diverging(Simulation):
-    """Local training where the chosen rows of round 2 come back non-finite."""
+class _Diverging:
+    """A `Simulator` wrap: local training where the chosen rows of round 2 come back non-finite."""
 
     bad_rows: tuple = (1,)
 
-    def client_updates(self, ctx):
-        u = super().client_updates(ctx)
-        self.last_u, self.last_weights = u.clone(), ctx.weights.clone()
-        if ctx.round == 2:
-            u = u.clone()
-            u[list(self.bad_rows), 3] = float("nan")
-            u[list(self.bad_rows), 5] = float("inf")
-        return u
+    def __call__(self, train):
+        def updates(ctx, batches, seed):
+            u = train(ctx, batches, seed)
+            self.last_u, self.last_weights = u.clone(), ctx.weights.clone()
+            if ctx.round == 2:
+                u = u.clone()
+                u[list(self.bad_rows), 3] = float("nan")
+                u[list(self.bad_rows), 5] = float("inf")
+            return u
+
+        return updates
 
 
 @pytest.mark.parametrize("scheme", ["fl-std", "fl-sign"])
 def test_client_with_nonfinite_update_drops_out_and_the_round_goes_on(tmp_path, tiny_config, scheme):
-    sim = _Diverging(tiny_config(**{"scheme.name": scheme, "federation.rounds": 3}), tmp_path,
-                     log=lambda s: None)
-    sim.step_round()
+    sim = Run(tiny_config(**{"scheme.name": scheme, "federation.rounds": 3}), tmp_path, log=lambda s: None)
+    div = _Diverging()
+    drive = Simulator(sim, wrap=div)
+    drive.step_round()
     w1 = sim.w.clone()
-    m = sim.step_round()
+    m = drive.step_round()
     assert m["diverged"] == 1 and m["answered"] == 4 and m["selected"] == 5
     assert "aborted" not in m and torch.isfinite(sim.w).all()
     keep = [0, 2, 3, 4]
     if scheme == "fl-std":  # the weighted mean of the four other clients' updates
-        u, wts = sim.last_u[keep].double(), sim.last_weights[keep].double()
+        u, wts = div.last_u[keep].double(), div.last_weights[keep].double()
         expected = (wts[:, None] * u).sum(0) / wts.sum()
         assert torch.allclose((sim.w - w1).double(), expected, atol=1e-6)
         assert m["up_bytes"] == 4 * sim.flat.n * 4
-    assert "diverged" not in sim.step_round()
+    assert "diverged" not in drive.step_round()
 
 
 def test_round_with_only_nonfinite_updates_is_aborted(tmp_path, tiny_config):
-    sim = _Diverging(tiny_config(**{"federation.rounds": 2}), tmp_path, log=lambda s: None)
-    sim.bad_rows = (0, 1, 2, 3, 4)
-    sim.step_round()
+    sim = Run(tiny_config(**{"federation.rounds": 2}), tmp_path, log=lambda s: None)
+    div = _Diverging()
+    div.bad_rows = (0, 1, 2, 3, 4)
+    drive = Simulator(sim, wrap=div)
+    drive.step_round()
     w1 = sim.w.clone()
-    m = sim.step_round()
+    m = drive.step_round()
     assert m["diverged"] == 5 and m["answered"] == 0 and "non-finite" in m["aborted"]
     assert torch.equal(sim.w, w1) and m["up_bytes"] == 0
 
 
 def test_the_simulator_is_a_driver_only_the_run_holds_state(tmp_path, tiny_config):
-    """One run, two drivers: `Simulation` keeps no state of its own beside `Run`'s (which the
-    deployed `Coordinator` drives too), before and after rounds."""
-    from dpfl.engine.run import Run
-
-    sim = Simulation(tiny_config(), tmp_path / "sim", log=lambda s: None)
+    """One run, two drivers: the simulator keeps no state of its own beside the `Run` it drives (which
+    the deployed `Coordinator` drives too), and adds none to it."""
+    sim = Run(tiny_config(), tmp_path / "sim", log=lambda s: None)
     run = Run(tiny_config(), tmp_path / "run", log=lambda s: None)
-    assert set(vars(sim)) == set(vars(run))
-    sim.run()
+    drive = Simulator(sim)
+    assert set(vars(drive)) == {"run", "_updates"} and drive.run is sim
+    simulate(sim)
     run.setup()
     assert set(vars(sim)) == set(vars(run))

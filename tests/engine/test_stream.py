@@ -4,22 +4,23 @@ the round equals the one that puts the pieces back together."""
 import torch
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import Simulator
 
 
-def _sim(streams: bool, max_cohort: int = 6, attack: dict | None = None) -> Simulation:
+def _sim(streams: bool, max_cohort: int = 6, attack: dict | None = None) -> Run:
     data = {"name": "stream", "seed": 3, "data": {"dataset": "digits", "n_clients": 20},
             "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 16}},
             "train": {"batch_size": 8, "lr": 0.2}, "federation": {"rounds": 3},
             "scheme": {"name": "signsgd", "options": {"gamma": 0.01}}, "run": {"max_cohort": max_cohort}}
     if attack:
         data["attack"] = attack
-    sim = Simulation(load_config(data=data), None, log=lambda s: None)
+    sim = Run(load_config(data=data), None, log=lambda s: None)
     sim.scheme.streams = streams
     return sim
 
 
-def _spy(sim: Simulation) -> list[int]:
+def _spy(sim: Run) -> list[int]:
     """The rows of every tensor that reaches local training's caller and the transport."""
     seen, train, send = [], sim.trainer.train, sim.scheme.transport.transmit
 
@@ -35,17 +36,17 @@ def _spy(sim: Simulation) -> list[int]:
     return seen
 
 
-def _metrics(sim: Simulation) -> list[dict]:
+def _metrics(sim: Run) -> list[dict]:
     out = []
     for _ in range(3):
-        m = sim.step_round()
+        m = Simulator(sim).step_round()
         out.append({k: v for k, v in m.items() if not k.endswith("_seconds")})
     return out
 
 
 def test_a_streamed_round_equals_the_whole_cohort_round_and_holds_one_piece_at_a_time():
     whole, streamed = _sim(False), _sim(True)
-    assert streamed.piece == 6 and whole.piece == 0
+    assert Simulator(streamed).piece == 6 and Simulator(whole).piece == 0
     seen_whole, seen_streamed = _spy(whole), _spy(streamed)
     a, b = _metrics(whole), _metrics(streamed)
     assert a == b and a[0]["answered"] == 20 and a[0]["up_bytes"] > 0
@@ -56,5 +57,5 @@ def test_a_streamed_round_equals_the_whole_cohort_round_and_holds_one_piece_at_a
 
 def test_a_round_with_a_whole_cohort_step_does_not_stream():
     sim = _sim(True, attack={"name": "random-update", "fraction": 0.2, "options": {"sigma": 1.0}})
-    assert sim.piece == 0  # the attack acts on the whole cohort after the chain
-    assert _sim(True, max_cohort=0).piece == 0
+    assert Simulator(sim).piece == 0  # the attack acts on the whole cohort after the chain
+    assert Simulator(_sim(True, max_cohort=0)).piece == 0

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError, DataError
 
 QUIET = {"log": lambda s: None}
@@ -28,8 +29,8 @@ class _RunsCode:
 
 
 def _run(tmp_path, tiny_config, name="run", **over):
-    sim = Simulation(tiny_config(**over), tmp_path / name, **QUIET)
-    sim.run()
+    sim = Run(tiny_config(**over), tmp_path / name, **QUIET)
+    simulate(sim)
     return sim
 
 
@@ -40,7 +41,7 @@ def test_checkpoint_that_runs_code_is_refused(tmp_path, tiny_config):
     marker = tmp_path / "code-ran"
     torch.save({"round": 1, "w": _RunsCode(marker)}, tmp_path / "run" / "checkpoint.pt")
     with pytest.raises(DataError, match=r"run/checkpoint.pt: refusing to load.*could run code.*os.makedirs") as e:
-        Simulation.resume(tmp_path / "run", **QUIET)
+        Run.resume(tmp_path / "run", **QUIET)
     assert "safe_globals" not in str(e.value) and "allowlist" not in str(e.value)  # no advice to let it run
     with pytest.raises(DataError, match=r"checkpoint.pt: refusing to load"):
         load_final_model(tmp_path / "run")  # what `dpfl attacks membership RUN_DIR` reads
@@ -55,7 +56,7 @@ def test_checkpoint_holds_plain_data_and_resumes_numpy_state(tmp_path, tiny_conf
     raw = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)  # no allow-list needed
     assert raw["format"] == ckpt.FORMAT
     counts = sim.scheme.steps[-1].participation.counts
-    back = Simulation.resume(tmp_path / "run", **QUIET).scheme.steps[-1].participation.counts
+    back = Run.resume(tmp_path / "run", **QUIET).scheme.steps[-1].participation.counts
     assert isinstance(back, np.ndarray) and back.dtype == counts.dtype and np.array_equal(back, counts)
 
 
@@ -84,10 +85,10 @@ def test_old_format_checkpoint_is_migrated_without_running_code(tmp_path, tiny_c
     assert isinstance(old["scheme"]["steps"][-1]["participation"]["counts"], np.ndarray)
     torch.save(old, tmp_path / "run" / "checkpoint.pt")  # the old writer: torch.save of the raw state
     notes = []
-    resumed = Simulation.resume(tmp_path / "run", log=notes.append, rounds=3)
+    resumed = Run.resume(tmp_path / "run", log=notes.append, rounds=3)
     assert np.array_equal(resumed.scheme.steps[-1].participation.counts, sim.scheme.steps[-1].participation.counts)
     assert any("predates data records" in n for n in notes)
-    resumed.run()
+    simulate(resumed)
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["format"] == ckpt.FORMAT
 
 
@@ -111,7 +112,7 @@ def test_corrupt_checkpoint_names_the_file(tmp_path, tiny_config, damage):
         st["w"] = st["w"][:-1]
         ckpt.save(st, path)
     with pytest.raises(DataError, match=r"run/checkpoint.pt: "):
-        Simulation.resume(tmp_path / "run", **QUIET)
+        Run.resume(tmp_path / "run", **QUIET)
 
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, tiny_config, monkeypatch):
@@ -129,7 +130,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, tiny_config, m
         sim.save_checkpoint()
     assert path.read_bytes() == before
     monkeypatch.undo()
-    assert Simulation.resume(tmp_path / "run", **QUIET).round == 2
+    assert Run.resume(tmp_path / "run", **QUIET).round == 2
 
 
 def test_partial_last_metrics_line_is_dropped_on_resume(tmp_path, tiny_config):
@@ -139,9 +140,9 @@ def test_partial_last_metrics_line_is_dropped_on_resume(tmp_path, tiny_config):
     good = metrics.read_text()
     with open(metrics, "a") as f:  # what a kill during the append of round 5 leaves
         f.write('{"round": 5, "selected": 5, "answ')
-    resumed = Simulation.resume(tmp_path / "run", rounds=5, **QUIET)
+    resumed = Run.resume(tmp_path / "run", rounds=5, **QUIET)
     assert metrics.read_text() == good  # rewritten without the partial line
-    resumed.run()
+    simulate(resumed)
     strip = [{k: v for k, v in json.loads(ln).items() if not k.endswith("seconds")}
              for ln in metrics.read_text().splitlines()]
     want = [{k: v for k, v in json.loads(ln).items() if not k.endswith("seconds")}
@@ -155,7 +156,7 @@ def test_bad_metrics_line_before_the_last_is_an_error(tmp_path, tiny_config):
     lines = metrics.read_text().splitlines()
     metrics.write_text(lines[0][:20] + "\n" + lines[1] + "\n")
     with pytest.raises(DataError, match=r"metrics.jsonl: line 1 is not JSON"):
-        Simulation.resume(tmp_path / "run", **QUIET)
+        Run.resume(tmp_path / "run", **QUIET)
     assert metrics.read_text().splitlines()[1] == lines[1]  # nothing rewritten
 
 
@@ -176,7 +177,7 @@ def test_run_records_its_data_and_resume_on_other_data_refuses(tmp_path, tiny_co
     assert json.loads((out / "summary.json").read_text())["data"] == rec
     assert ckpt.load(out / "checkpoint.pt")["data"] == rec
     assert (out / "config.toml").read_text().startswith(f"# data used: digits ({rec['source']}), sha256 {rec['sha256']}")
-    Simulation.resume(out, rounds=3, **QUIET)  # same data: fine
+    Run.resume(out, rounds=3, **QUIET)  # same data: fine
     fm = "/usr/share/datasets/fashion-mnist"
     if not os.path.isfile(os.path.join(fm, "train-images-idx3-ubyte.gz")):
         pytest.skip("needs Fashion-MNIST: apt-get install dataset-fashion-mnist")
@@ -184,21 +185,21 @@ def test_run_records_its_data_and_resume_on_other_data_refuses(tmp_path, tiny_co
         shutil.copy(os.path.join(fm, f), root / f)
     metrics = (out / "metrics.jsonl").read_text()
     with pytest.raises(DataError, match=r"the data differ from the run's: it used digits .* now fashion-mnist"):
-        Simulation.resume(out, rounds=3, **QUIET)
+        Run.resume(out, rounds=3, **QUIET)
     assert (out / "metrics.jsonl").read_text() == metrics
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
 def test_cuda_device_on_a_cpu_only_torch(tmp_path, tiny_config):
     with pytest.raises(ConfigError, match=r"run.device = 'cuda' but this torch .* has no usable CUDA"):
-        Simulation(tiny_config(**{"run.device": "cuda"}), None, **QUIET)
+        Run(tiny_config(**{"run.device": "cuda"}), None, **QUIET)
 
 
 def test_eval_metric_must_exist_for_the_task(tiny_config):
     with pytest.raises(ConfigError, match=r"eval.metric: Input should be 'accuracy'"):
         tiny_config(**{"eval.metric": "loss"})
     with pytest.raises(ConfigError, match=r"eval.metric = 'auroc' exists for binary tasks only"):
-        Simulation(tiny_config(**{"eval.metric": "auroc"}), None, **QUIET)
+        Run(tiny_config(**{"eval.metric": "auroc"}), None, **QUIET)
 
 
 @pytest.mark.parametrize("key,value,shown", [("train.lr", float("inf"), "train.lr: Input should be a finite number"),
@@ -217,5 +218,5 @@ def test_zero_filled_tail_of_metrics_is_dropped(tmp_path, tiny_config):
     metrics = tmp_path / "run" / "metrics.jsonl"
     good = metrics.read_bytes()
     metrics.write_bytes(good + b"\x00" * 37 + b"\xff")
-    Simulation.resume(tmp_path / "run", **QUIET)
+    Run.resume(tmp_path / "run", **QUIET)
     assert metrics.read_bytes() == good

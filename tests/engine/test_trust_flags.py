@@ -201,7 +201,7 @@ def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkey
     A scheme whose round needs all rows at once is not told to split (its pieces would be put back together)."""
     from dpfl.config import load_config
     from dpfl.engine import simulator
-    from dpfl.engine.simulator import Simulation
+    from dpfl.engine.run import Run
     from dpfl.errors import ConfigError
 
     def cfg(scheme, **extra):
@@ -213,14 +213,14 @@ def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkey
     monkeypatch.setattr(simulator, "available_memory", lambda: 4 * n * 5)
     sign = cfg("signsgd")
     with pytest.raises(ConfigError, match=r"training 10 clients at once .* run.max_cohort=1$"):
-        Simulation(sign, None, log=lambda s: None)
+        simulator.Simulator(Run(sign, None, log=lambda s: None))
     sign.run.max_cohort = 5
-    Simulation(sign, None, log=lambda s: None)  # 5 at a time fit
+    simulator.Simulator(Run(sign, None, log=lambda s: None))  # 5 at a time fit
     attacked = cfg("signsgd", attack={"name": "random-update", "fraction": 0.2, "options": {"sigma": 1.0}})
     for c in (cfg("fl-std"), attacked):  # an attack acts on the whole cohort: signSGD then cannot stream either
         c.run.max_cohort = 5
         with pytest.raises(ConfigError, match=r"training 10 clients at once .* needs every client's row at once"):
-            Simulation(c, None, log=lambda s: None)
+            simulator.Simulator(Run(c, None, log=lambda s: None))
 
 
 def test_reproduce_resumes_a_row_made_on_another_device(table):
@@ -238,7 +238,7 @@ def test_reproduce_resumes_a_row_made_on_another_device(table):
     r = cli("reproduce", "tiny", "--out", table, "--rounds", "2")
     assert r.exit_code == 0 and "resuming at round 1" in r.output, r.output
     assert len((row / "metrics.jsonl").read_text().splitlines()) == 2
-    from dpfl.engine.simulator import RESUME_RESOURCES
+    from dpfl.config import RESUME_RESOURCES
     from dpfl.experiments.reproduce import _RESOURCE_KEYS
 
     assert {f"run.{k}" for k in RESUME_RESOURCES} <= set(_RESOURCE_KEYS)

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments import publish as pub
 from dpfl.experiments.reproduce import table_rows
@@ -109,9 +110,9 @@ def _tiny(rounds):
 @pytest.fixture(scope="module")
 def tiny_records(tmp_path_factory):
     records = tmp_path_factory.mktemp("records")
-    Simulation(_tiny(3), records / "table-4.2" / "fl-rnd_r0.1", log=lambda s: None).run()
+    simulate(Run(_tiny(3), records / "table-4.2" / "fl-rnd_r0.1", log=lambda s: None))
     partial = records / "table-4.2" / "fl-cs_r0.1"
-    Simulation(_tiny(4), partial, log=lambda s: None).run()
+    simulate(Run(_tiny(4), partial, log=lambda s: None))
     (partial / "summary.json").unlink()
     lines = (partial / "metrics.jsonl").read_text().splitlines()
     (partial / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
@@ -138,7 +139,7 @@ def _probe_tree(tmp_path, records):
     root = tmp_path / "root"
     shutil.copytree(records, root / "records")
     cfg = _tiny(2).model_copy(update={"train": _tiny(2).train.model_copy(update={"lr": 0.3})})
-    Simulation(cfg, root / "docs" / "probes" / "lr0.3", log=lambda s: None).run()
+    simulate(Run(cfg, root / "docs" / "probes" / "lr0.3", log=lambda s: None))
     (root / pub.PROBES).write_text('["lr0.3"]\nrecord = "table-4.2/fl-rnd_r0.1"\n')
     return root
 

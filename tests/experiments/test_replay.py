@@ -8,7 +8,8 @@ import torch
 from rich.console import Console
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments.replay import replay
 
@@ -27,7 +28,7 @@ def _tiny(name):
 def test_a_faithful_record_replays_the_same_and_an_edited_one_does_not(tmp_path):
     records = tmp_path / "records"
     for row in ("fl-sign", "fl-std"):
-        Simulation(_tiny(row), records / "table-4.1" / row, log=lambda s: None).run()
+        simulate(Run(_tiny(row), records / "table-4.1" / row, log=lambda s: None))
     quiet = Console(file=io.StringIO())
     out = replay(records, "table-4.1", 2, quiet)
     assert [r["diffs"] for r in out] == [[], []] and all(r["rounds"] == 2 for r in out)
@@ -39,7 +40,7 @@ def test_a_faithful_record_replays_the_same_and_an_edited_one_does_not(tmp_path)
     out = replay(records, "all", 2, quiet)
     assert out[0]["diffs"] == [] and len(out[1]["diffs"]) == 1 and "round 2 up_bytes" in out[1]["diffs"][0]
     # a difference is printed with the code that made the record beside the code replaying it
-    from dpfl.engine.simulator import code_version, ran_on
+    from dpfl.engine.run import code_version, ran_on
 
     assert out[1]["code"] == [{**code_version(), "ran_on": ran_on(torch.device("cpu")), "from_round": 1}]
     assert f"the record ran at commit {code_version()['commit'] or 'unknown'}" in quiet.file.getvalue()

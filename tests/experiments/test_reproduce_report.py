@@ -7,7 +7,8 @@ import pytest
 from rich.console import Console
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments.report import best_round, load_run
 from dpfl.experiments.reproduce import reproduce_table, table_rows
@@ -33,10 +34,10 @@ def _never(*a):
 
 def test_report_only_compares_existing_runs_and_runs_nothing(tmp_path):
     done = tmp_path / "table-4.2" / "fl-rnd_r0.1"
-    Simulation(_tiny(3), done, log=lambda s: None).run()
+    simulate(Run(_tiny(3), done, log=lambda s: None))
     partial = tmp_path / "table-4.2" / "fl-cs_r0.1"  # a run cut short: metrics but no summary
-    sim = Simulation(_tiny(4), partial, log=lambda s: None)
-    sim.run()
+    sim = Run(_tiny(4), partial, log=lambda s: None)
+    simulate(sim)
     (partial / "summary.json").unlink()
     lines = (partial / "metrics.jsonl").read_text().splitlines()
     (partial / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
@@ -159,7 +160,7 @@ def test_a_same_run_row_runs_into_and_reads_the_row_it_names(tmp_path, monkeypat
     out = tmp_path / "out"
     console = Console(record=True, width=200)
     rp.reproduce_table("table-b", rows=[], rounds=None, out=out, overrides=[], accountant=None, console=console,
-                       execute=lambda sim, row: sim.run())
+                       execute=lambda sim, row: simulate(sim))
     assert (out / "table-a" / "x" / "summary.json").is_file() and not (out / "table-b" / "y").exists()
     assert "the same run as table-a/x" in console.export_text()
     a = rp.reproduce_table("table-a", rows=[], rounds=None, out=out, overrides=[], accountant=None,

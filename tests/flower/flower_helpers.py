@@ -9,7 +9,8 @@ import numpy as np
 import tomli_w
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine import simulator
+from dpfl.engine.run import Run
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
 from dpfl.schemes.base import RoundContext
@@ -39,10 +40,10 @@ def config(scheme: dict | None = None, **sections) -> dict:
     return data
 
 
-def simulate(data: dict) -> tuple[Simulation, list[dict]]:
-    sim = Simulation(load_config(data=data), None, log=lambda s: None)
+def simulate(data: dict) -> tuple[Run, list[dict]]:
+    sim = Run(load_config(data=data), None, log=lambda s: None)
     rounds: list[dict] = []
-    sim.run(rounds.append)
+    simulator.simulate(sim, rounds.append)
     return sim, rounds
 
 
@@ -71,7 +72,7 @@ def site_files(data: dict, root, formats: tuple[str, ...] = ("csv", "npz", "npz"
     from pathlib import Path
 
     from dpfl.data import site_test_split, write_site_data
-    from dpfl.engine.simulator import build_federation
+    from dpfl.engine.run import build_federation
     from dpfl.rng import Seeds
 
     cfg = load_config(data=data)
@@ -96,7 +97,7 @@ def held_out_counts(data: dict, w) -> dict:
     from dpfl.data import site_test_split
     from dpfl.engine.evaluate import evaluate_counts
 
-    sim = Simulation(load_config(data=data), None, log=lambda s: None)
+    sim = Run(load_config(data=data), None, log=lambda s: None)
     idx = torch.from_numpy(__import__("numpy").concatenate(
         site_test_split(len(sim.fed.y_test), sim.cfg.data.n_clients, sim.cfg.seed)))
     sim.flat.load_into(sim.model, w)

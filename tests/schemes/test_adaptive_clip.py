@@ -11,7 +11,8 @@ import torch
 from scipy.stats import norm as normal
 
 from dpfl.config import PrivacyConfig, load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError, ProtocolError
 from dpfl.privacy import Ledger, SampledGaussianEvent, calibrate_sigma, epsilon_for
 from dpfl.schemes.dp import AdaptiveClipStep, GaussianNoiseStep, adaptive_update_sigma, joint_sigma
@@ -135,7 +136,7 @@ def test_another_aggregator_is_refused_because_the_count_is_read_from_the_dp_mea
     data = _cfg_data(rounds=1, noise="central")
     data["scheme"]["aggregator"] = "weighted_mean"
     with pytest.raises(ConfigError, match="reads the 'dp_mean' aggregate, not 'weighted_mean'"):
-        Simulation(load_config(data=data), None, log=lambda s: None).setup()
+        Run(load_config(data=data), None, log=lambda s: None).setup()
 
 
 def test_a_deployed_client_takes_only_a_finite_positive_bound():
@@ -172,11 +173,11 @@ def _metrics(out):
 @pytest.mark.parametrize("noise", ["distributed", "central"])
 def test_fl_std_dp_adapts_its_clip_and_resumes_as_an_uninterrupted_run(tmp_path, noise):
     full, part = tmp_path / "full", tmp_path / "part"
-    sim = Simulation(load_config(data=_cfg_data(noise=noise)), full, log=lambda s: None)
-    sim.run()
-    Simulation(load_config(data=_cfg_data(rounds=3, noise=noise)), part, log=lambda s: None).run()
-    resumed = Simulation.resume(part, log=lambda s: None, rounds=6)
-    resumed.run()
+    sim = Run(load_config(data=_cfg_data(noise=noise)), full, log=lambda s: None)
+    simulate(sim)
+    simulate(Run(load_config(data=_cfg_data(rounds=3, noise=noise)), part, log=lambda s: None))
+    resumed = Run.resume(part, log=lambda s: None, rounds=6)
+    simulate(resumed)
     a, b = _metrics(full), _metrics(part)
     assert len(a) == len(b) == 6 and a == b  # the clip state is checkpointed: resume = uninterrupted
     assert torch.equal(sim.w, resumed.w) and sim.scheme.steps[0].bound == resumed.scheme.steps[0].bound

@@ -8,7 +8,8 @@ import pytest
 
 from dpfl.compression.subset import count_for_ratio
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments.reproduce import list_tables, table_rows
 
@@ -41,9 +42,9 @@ N_PARAMS = 64 * 32 + 32 + 32 * 10 + 10  # the MLP above
     ("fl-basic", {"ratio": 0.2}, 4 * count_for_ratio(0.2, N_PARAMS), 4 * N_PARAMS),
 ])
 def test_scheme_learns_and_counts_its_payload_bytes(tmp_path, scheme, opts, up_bytes, down_bytes):
-    sim = Simulation(_cfg(scheme, **opts), tmp_path, log=lambda s: None)
+    sim = Run(_cfg(scheme, **opts), tmp_path, log=lambda s: None)
     assert sim.w.numel() == N_PARAMS
-    summary = sim.run()
+    summary = simulate(sim)
     m = _metrics(tmp_path)
     # cumulative bytes / N: each round 10 of 60 clients send one payload and get one model
     assert m[-1]["cum_up_bytes_per_client"] * 60 == pytest.approx(12 * 10 * up_bytes, abs=12 * 10 * 16)
@@ -65,16 +66,16 @@ def test_downstream_bytes_are_the_model_payloads_not_a_formula(tmp_path, monkeyp
 
     monkeypatch.setattr(Float32Codec, "encode", with_header)
     opts = {"h": 0.5} if scheme == "fsvrg" else {}
-    sim = Simulation(_cfg(scheme, rounds=1, **opts), tmp_path, log=lambda s: None)
-    sim.run()
+    sim = Run(_cfg(scheme, rounds=1, **opts), tmp_path, log=lambda s: None)
+    simulate(sim)
     payloads = 2 if scheme == "fsvrg" else 1  # FSVRG: the model, then the full gradient
     assert _metrics(tmp_path)[-1]["down_bytes"] == 10 * payloads * (4 * N_PARAMS + 12)
 
 
 def test_signsgd_uses_every_client_and_one_bit_downstream(tmp_path):
     cfg = _cfg("signsgd", rounds=3, gamma=0.01)
-    sim = Simulation(cfg, tmp_path, log=lambda s: None)
-    sim.run()
+    sim = Run(cfg, tmp_path, log=lambda s: None)
+    simulate(sim)
     m = _metrics(tmp_path)
     bits = (N_PARAMS + 7) // 8
     assert m[-1]["cum_up_bytes_per_client"] == pytest.approx(3 * bits, abs=3 * 16)
@@ -82,9 +83,9 @@ def test_signsgd_uses_every_client_and_one_bit_downstream(tmp_path):
 
 
 def test_fl_top_only_changes_its_topk_coordinates(tmp_path):
-    sim = Simulation(_cfg("fl-top", rounds=3, ratio=0.1), tmp_path, log=lambda s: None)
+    sim = Run(_cfg("fl-top", rounds=3, ratio=0.1), tmp_path, log=lambda s: None)
     w0 = sim.w.clone()
-    sim.run()
+    simulate(sim)
     changed = (sim.w != w0).nonzero().flatten()
     top = sim.scheme.steps[0].indices
     assert len(changed) > 0 and bool(np.isin(changed.numpy(), top.cpu().numpy()).all())
@@ -92,7 +93,7 @@ def test_fl_top_only_changes_its_topk_coordinates(tmp_path):
 
 def test_bad_ratio_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="ratio"):
-        Simulation(_cfg("fl-rnd", ratio=1.5), tmp_path, log=lambda s: None).run()
+        simulate(Run(_cfg("fl-rnd", ratio=1.5), tmp_path, log=lambda s: None))
 
 
 def test_every_table_config_loads():

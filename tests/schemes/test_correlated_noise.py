@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dpfl.config import PrivacyConfig, load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError, DataError
 from dpfl.privacy import factorization as F
 from dpfl.schemes.dp import ClipStep, CorrelatedNoiseStep
@@ -124,8 +125,8 @@ def test_distributed_shares_sum_to_the_central_mechanism_and_need_every_client(c
 ])
 def test_a_run_with_correlated_noise_trains_and_reports_the_accounted_epsilon(tmp_path, opts, fed):
     opts = {"epsilon": 30.0, "clip": 2.0, "noise": "central", **opts}  # little noise: 6 clients a round
-    sim = Simulation(_cfg(opts, fed=fed), tmp_path / "a", log=lambda s: None)
-    summary = sim.run()
+    sim = Run(_cfg(opts, fed=fed), tmp_path / "a", log=lambda s: None)
+    summary = simulate(sim)
     step = sim.scheme.steps[-1]
     assert isinstance(step, CorrelatedNoiseStep) and summary["epsilon_sampling"] == "none"
     m = _metrics(tmp_path / "a")
@@ -140,14 +141,14 @@ def test_a_run_with_correlated_noise_trains_and_reports_the_accounted_epsilon(tm
         for b in range(a + 1, min(a + 3, 6)):
             assert not set(cohorts[a]) & set(cohorts[b])
     # same seed: bit-identical
-    Simulation(_cfg(opts, fed=fed), tmp_path / "b", log=lambda s: None).run()
+    simulate(Run(_cfg(opts, fed=fed), tmp_path / "b", log=lambda s: None))
     assert _metrics(tmp_path / "b") == m
     assert (tmp_path / "a" / "summary.json").exists()
 
 
 def test_a_resumed_bandmf_run_is_the_uninterrupted_one(tmp_path):
     opts = {"sigma": 2.0, "clip": 0.5, "noise": "central", "correlated": "bandmf"}
-    Simulation(_cfg(opts, fed=CYCLIC), tmp_path / "full", log=lambda s: None).run()
+    simulate(Run(_cfg(opts, fed=CYCLIC), tmp_path / "full", log=lambda s: None))
 
     class Stop(Exception):
         pass
@@ -157,11 +158,11 @@ def test_a_resumed_bandmf_run_is_the_uninterrupted_one(tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        Simulation(_cfg(opts, fed=CYCLIC), tmp_path / "part", log=lambda s: None).run(on_round=stop_after_4)
-    Simulation.resume(tmp_path / "part", log=lambda s: None).run()
+        simulate(Run(_cfg(opts, fed=CYCLIC), tmp_path / "part", log=lambda s: None), on_round=stop_after_4)
+    simulate(Run.resume(tmp_path / "part", log=lambda s: None))
     assert _metrics(tmp_path / "part") == _metrics(tmp_path / "full")
     with pytest.raises(DataError, match="keeps federation.rounds"):
-        Simulation.resume(tmp_path / "part", log=lambda s: None, rounds=8)
+        Run.resume(tmp_path / "part", log=lambda s: None, rounds=8)
 
 
 def test_the_target_epsilon_stops_a_correlated_run_before_it_is_exceeded(tmp_path):
@@ -170,15 +171,15 @@ def test_the_target_epsilon_stops_a_correlated_run_before_it_is_exceeded(tmp_pat
     e3, e4 = (F.run_epsilon(2.0, s2[:r], 1e-5, "pld") for r in (3, 4))
     cfg = _cfg(opts, fed=CYCLIC)
     cfg.privacy.target_epsilon = (e3 + e4) / 2
-    summary = Simulation(cfg, None, log=lambda s: None).run()
+    summary = simulate(Run(cfg, None, log=lambda s: None))
     assert summary["rounds_run"] == 3 and "exceed" in summary["stopped"]
 
 
 def test_a_distributed_tree_run_over_the_secure_sum(tmp_path):
     opts = {"sigma": 1.0, "clip": 0.5, "correlated": "tree"}  # noise = distributed (default)
-    sim = Simulation(_cfg(opts, rounds=3, fed={"clients_per_round": 60}), None, log=lambda s: None)
+    sim = Run(_cfg(opts, rounds=3, fed={"clients_per_round": 60}), None, log=lambda s: None)
     assert sim.scheme.transport.secure
-    summary = sim.run()
+    summary = simulate(sim)
     assert summary["rounds_run"] == 3 and summary["epsilon_final"] > 0
 
 
@@ -199,7 +200,7 @@ def test_a_distributed_tree_run_over_the_secure_sum(tmp_path):
 def test_what_does_not_fit_the_schema_is_one_config_error_line(opts, fed, words):
     opts = {"sigma": 1.0, "clip": 0.5, **opts}
     with pytest.raises(ConfigError, match=words) as e:
-        Simulation(_cfg(opts, fed=fed), None, log=lambda s: None)
+        Run(_cfg(opts, fed=fed), None, log=lambda s: None)
     assert "\n" not in str(e.value)
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.privacy import (
     GaussianEvent,
@@ -43,8 +44,8 @@ def _metrics(out):
 
 
 def test_epsilon_per_round_is_the_accountants(tmp_path):
-    sim = Simulation(_cfg("fl-std-dp", sigma=1.1, clip=0.5), tmp_path, log=lambda s: None)
-    sim.run()
+    sim = Run(_cfg("fl-std-dp", sigma=1.1, clip=0.5), tmp_path, log=lambda s: None)
+    simulate(sim)
     eps = [m["epsilon"] for m in _metrics(tmp_path)]
     assert eps == [pytest.approx(epsilon_for(1.1, 0.1, r, 1e-5, "rdp"), rel=1e-12) for r in (1, 2, 3)]
     assert sim.summary()["best"]["epsilon"] in eps  # ε reported at the best round
@@ -52,9 +53,9 @@ def test_epsilon_per_round_is_the_accountants(tmp_path):
 
 def test_target_epsilon_stops_before_it_is_exceeded(tmp_path):
     e2, e3 = (epsilon_for(1.1, 0.1, r, 1e-5, "moments") for r in (2, 3))
-    sim = Simulation(_cfg("fl-sign-dp", rounds=5, accountant="moments", target=(e2 + e3) / 2, sigma=1.1),
+    sim = Run(_cfg("fl-sign-dp", rounds=5, accountant="moments", target=(e2 + e3) / 2, sigma=1.1),
                      tmp_path, log=lambda s: None)
-    summary = sim.run()
+    summary = simulate(sim)
     assert summary["rounds_run"] == 2 and "exceed" in summary["stopped"]
     # DG event: Thm 3 corrections vanish here, so ε is the sampled Gaussian's (plus a ~1e-30 TV term)
     assert summary["epsilon_final"] == pytest.approx(e2, rel=1e-9)
@@ -62,7 +63,7 @@ def test_target_epsilon_stops_before_it_is_exceeded(tmp_path):
 
 
 def test_epsilon_option_calibrates_sigma_for_the_run():
-    sim = Simulation(_cfg("fl-rnd-dp", rounds=4, epsilon=2.0, ratio=0.2, clip=0.3), None, log=lambda s: None)
+    sim = Run(_cfg("fl-rnd-dp", rounds=4, epsilon=2.0, ratio=0.2, clip=0.3), None, log=lambda s: None)
     sigma = sim.scheme.steps[-1].sigma
     assert sigma == calibrate_sigma(2.0, 1e-5, 0.1, 4, "rdp")
     assert epsilon_for(sigma, 0.1, 4, 1e-5) <= 2.0
@@ -71,10 +72,10 @@ def test_epsilon_option_calibrates_sigma_for_the_run():
 def test_private_clip_is_charged_and_resume_is_bit_identical(tmp_path):
     opts = {"sigma": 1.2, "ratio": 0.2, "chunks": 4, "clip": "private", "clip_epsilon": 0.5}
     full = tmp_path / "full"
-    Simulation(_cfg("fl-cs-dp", rounds=4, **opts), full, log=lambda s: None).run()
+    simulate(Run(_cfg("fl-cs-dp", rounds=4, **opts), full, log=lambda s: None))
     part = tmp_path / "part"
-    Simulation(_cfg("fl-cs-dp", rounds=2, **opts), part, log=lambda s: None).run()
-    Simulation.resume(part, log=lambda s: None, rounds=4).run()
+    simulate(Run(_cfg("fl-cs-dp", rounds=2, **opts), part, log=lambda s: None))
+    simulate(Run.resume(part, log=lambda s: None, rounds=4))
     a, b = _metrics(full), _metrics(part)
     assert len(a) == len(b) == 4 and a == b
     ref = Ledger("rdp")
@@ -95,23 +96,23 @@ def test_private_clip_is_charged_and_resume_is_bit_identical(tmp_path):
 ])
 def test_bad_options_name_the_problem(scheme, opts, match):
     with pytest.raises(ConfigError, match=match):
-        Simulation(_cfg(scheme, **opts), None, log=lambda s: None)
+        Run(_cfg(scheme, **opts), None, log=lambda s: None)
 
 
 def test_fl_sign_dp_refuses_the_pld_accountant():
     with pytest.raises(ConfigError, match="'rdp' or 'moments'"):
-        Simulation(_cfg("fl-sign-dp", accountant="pld", sigma=1.0), None, log=lambda s: None)
+        Run(_cfg("fl-sign-dp", accountant="pld", sigma=1.0), None, log=lambda s: None)
 
 
 def test_central_and_local_placements_run_end_to_end(tmp_path):
-    Simulation(_cfg("fl-sign-dp", rounds=2, sigma=1.0, noise="central"), tmp_path / "c", log=lambda s: None).run()
+    simulate(Run(_cfg("fl-sign-dp", rounds=2, sigma=1.0, noise="central"), tmp_path / "c", log=lambda s: None))
     m = _metrics(tmp_path / "c")
     n = 64 * 16 + 16 + 16 * 10 + 10
     assert [r["step_up_bits_per_value"] for r in m] == [8 * -(-n // 8) / n] * 2  # a trusted server: plain 1-bit signs
     assert [r["epsilon"] for r in m] == [pytest.approx(epsilon_for(1.0, 0.1, t, 1e-5), rel=1e-9) for t in (1, 2)]
 
-    Simulation(_cfg("fl-std-dp", rounds=3, sigma=2.0, clip=0.3, noise="local"), tmp_path / "l",
-               log=lambda s: None).run()
+    simulate(Run(_cfg("fl-std-dp", rounds=3, sigma=2.0, clip=0.3, noise="local"), tmp_path / "l",
+               log=lambda s: None))
     m = _metrics(tmp_path / "l")
     assert all(r["step_up_bits_per_value"] == 32.0 for r in m)
     per_count = []
@@ -127,10 +128,10 @@ def test_central_and_local_placements_run_end_to_end(tmp_path):
 
 def test_a_round_with_more_failures_than_tolerated_releases_nothing(tmp_path):
     # cohort 6, ⌊0.34·6⌋ = 2 drop after masking > l = 1: every round aborts
-    sim = Simulation(_cfg("fl-std-dp", rounds=2, sigma=1.0, clip=0.5, tolerate=1, drop_after_masking=0.34),
+    sim = Run(_cfg("fl-std-dp", rounds=2, sigma=1.0, clip=0.5, tolerate=1, drop_after_masking=0.34),
                      tmp_path, log=lambda s: None)
     w0 = sim.w.clone()
-    sim.run()
+    simulate(sim)
     m = _metrics(tmp_path)
     assert len(m) == 2 and all("aborted" in r for r in m)
     assert sim.ledger.events == [] and all(r["epsilon"] == 0.0 for r in m)
@@ -147,8 +148,8 @@ def test_noise_shares_and_record_noise_do_not_depend_on_the_thread_count():
             data = cfg.model_dump()
             data["train"]["dpsgd"] = {"clip": 1.0, "noise_multiplier": 1.1}
             data["run"]["threads"] = threads
-            sim = Simulation(load_config(data=data), None, log=lambda s: None)
-            sim.run()
+            sim = Run(load_config(data=data), None, log=lambda s: None)
+            simulate(sim)
             assert torch.get_num_threads() == threads
             weights.append(sim.w.clone())
     finally:

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.privacy import epsilon_for, epsilon_without_replacement
 
@@ -27,7 +28,7 @@ def _cfg(scheme="fl-std-dp", rounds=2, accountant="moments", privacy=None, feder
 
 def _run(cfg, out):
     lines = []
-    summary = Simulation(cfg, out, log=lines.append).run()
+    summary = simulate(Run(cfg, out, log=lines.append))
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((out / "summary.json").read_text())["epsilon_sampling"] == summary["epsilon_sampling"]
     return summary, metrics, "\n".join(lines)
@@ -59,7 +60,7 @@ def test_the_stated_poisson_assumption_is_named_as_an_assumption(tmp_path):
     ({}, {"noise": "local", "secure_aggregation": False}, "none"),  # local noise: no amplification
 ])
 def test_other_selections_account_what_they_do(federation, opts, expected):
-    sim = Simulation(_cfg(federation=federation, **opts), None, log=lambda s: None)
+    sim = Run(_cfg(federation=federation, **opts), None, log=lambda s: None)
     sim.setup()
     assert sim.epsilon_sampling() == expected and sim.ledger.neighbouring == "add_remove"
     assert "assumed" not in sim.accounting_note()
@@ -71,7 +72,7 @@ def test_other_selections_account_what_they_do(federation, opts, expected):
 ])
 def test_an_accounting_that_cannot_do_without_replacement_is_an_error(scheme, accountant, match):
     with pytest.raises(ConfigError, match=match):
-        Simulation(_cfg(scheme, accountant=accountant), None, log=lambda s: None)
+        Run(_cfg(scheme, accountant=accountant), None, log=lambda s: None)
 
 
 def test_poisson_federation_cannot_claim_sampling_without_replacement():
@@ -81,7 +82,7 @@ def test_poisson_federation_cannot_claim_sampling_without_replacement():
 
 def test_epsilon_option_calibrates_sigma_for_sampling_without_replacement():
     def sigma(**kw):
-        return Simulation(_cfg(sigma=None, epsilon=8.0, **kw), None, log=lambda s: None).scheme.steps[-1].sigma
+        return Run(_cfg(sigma=None, epsilon=8.0, **kw), None, log=lambda s: None).scheme.steps[-1].sigma
 
     s = sigma()
     assert epsilon_without_replacement(s, 60, 6, 2, 1e-5, "moments") <= 8.0

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from dpfl.compression.subset import random_subset
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
 from dpfl.privacy import PureDPEvent
 from dpfl.schemes.sensitivity import dp_quantile, quantile_utility
 
@@ -28,7 +28,7 @@ def _sim(scheme, privacy=None, **opts):
         "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 8}},
         "scheme": {"name": scheme, "options": {"sigma": 1.0, **opts}},
     })
-    sim = Simulation(cfg, None, log=lambda s: None)
+    sim = Run(cfg, None, log=lambda s: None)
     sim.setup()
     return sim
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import Simulator, simulate
 from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import ConfigError
 from dpfl.models import build_model
@@ -41,7 +42,7 @@ def _metrics(out):
 
 
 def _sim(scheme, **kw):
-    return Simulation(_cfg(scheme, **kw), None, log=lambda s: None)
+    return Run(_cfg(scheme, **kw), None, log=lambda s: None)
 
 
 def _grad(sim, theta, idx):
@@ -59,7 +60,7 @@ _BEST: dict[str, float] = {}
 def _best(scheme, **opts):
     key = f"{scheme}{sorted(opts.items())}"
     if key not in _BEST:
-        _BEST[key] = _sim(scheme, **opts).run()["best"]["accuracy"]
+        _BEST[key] = simulate(_sim(scheme, **opts))["best"]["accuracy"]
     return _BEST[key]
 
 
@@ -79,10 +80,10 @@ def test_variant_learns_like_fl_std(scheme, opts):
 
 # ---- FedProx ------------------------------------------------------------------------------------
 def test_fedprox_mu_zero_is_fl_std_bit_for_bit(tmp_path):
-    a = Simulation(_cfg("fl-std", rounds=3), tmp_path / "a", log=lambda s: None)
-    a.run()
-    b = Simulation(_cfg("fedprox", rounds=3, mu=0.0), tmp_path / "b", log=lambda s: None)
-    b.run()
+    a = Run(_cfg("fl-std", rounds=3), tmp_path / "a", log=lambda s: None)
+    simulate(a)
+    b = Run(_cfg("fedprox", rounds=3, mu=0.0), tmp_path / "b", log=lambda s: None)
+    simulate(b)
     assert torch.equal(a.w, b.w)
     assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
 
@@ -92,7 +93,7 @@ def test_fedprox_large_mu_keeps_updates_small():
     for mu in (0.0, 2.0, 8.0, 19.0):  # lr·μ up to 0.95: the proximal step stays a contraction
         sim = _sim("fedprox", rounds=1, lr=0.05, mu=mu)
         w0 = sim.w.clone()
-        sim.step_round()
+        Simulator(sim).step_round()
         norms.append(float((sim.w - w0).norm()))
     assert norms == sorted(norms, reverse=True) and norms[-1] < 0.5 * norms[0], norms
 
@@ -105,7 +106,7 @@ def test_feddyn_matches_a_per_client_reference():
     w, h, mem, m = sim.w.clone(), torch.zeros_like(sim.w), {}, 60
     for r in (1, 2, 3):
         cohort, _ = sim.select(r)
-        batches = sim.batches(r, cohort)
+        batches = Simulator(sim).batches(r, cohort)
         deltas = []
         for i, c in enumerate(cohort):
             g_c = mem.get(int(c), torch.zeros_like(w))
@@ -118,7 +119,7 @@ def test_feddyn_matches_a_per_client_reference():
         d = torch.stack(deltas)
         h = h - alpha / m * d.sum(0)
         w = w + d.mean(0) - h / alpha
-        sim.step_round()
+        Simulator(sim).step_round()
         torch.testing.assert_close(sim.w, w, rtol=0, atol=2e-5)
         torch.testing.assert_close(step.h, h, rtol=0, atol=1e-6)
         for c, g in mem.items():
@@ -132,7 +133,7 @@ def test_feddyn_state_grows_only_with_clients_seen(dtype, itemsize):
     n, seen = sim.flat.n, set()
     for r in range(1, 6):
         cohort, _ = sim.select(r)
-        sim.step_round()
+        Simulator(sim).step_round()
         seen |= set(cohort.tolist())
         table = step.table
         assert len(table) == len(seen) < 60
@@ -145,9 +146,9 @@ def test_feddyn_state_grows_only_with_clients_seen(dtype, itemsize):
 
 
 def test_feddyn_resume_is_bit_identical(tmp_path):
-    full = Simulation(_cfg("feddyn", rounds=6, checkpoint_every=2, alpha=0.05), tmp_path / "full",
+    full = Run(_cfg("feddyn", rounds=6, checkpoint_every=2, alpha=0.05), tmp_path / "full",
                       log=lambda s: None)
-    full.run()
+    simulate(full)
 
     class Crash(Exception):
         pass
@@ -156,15 +157,15 @@ def test_feddyn_resume_is_bit_identical(tmp_path):
         if m["round"] == 5:
             raise Crash
 
-    part = Simulation(_cfg("feddyn", rounds=6, checkpoint_every=2, alpha=0.05), tmp_path / "part",
+    part = Run(_cfg("feddyn", rounds=6, checkpoint_every=2, alpha=0.05), tmp_path / "part",
                       log=lambda s: None)
     with pytest.raises(Crash):
-        part.run(crash_at_5)  # checkpoint at round 4
-    resumed = Simulation.resume(tmp_path / "part", log=lambda s: None)
+        simulate(part, crash_at_5)  # checkpoint at round 4
+    resumed = Run.resume(tmp_path / "part", log=lambda s: None)
     assert resumed.round == 4
     saved = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["scheme"]["steps"][0]
     assert sorted(resumed.scheme.steps[0].table.index) == sorted(saved["memory"]["ids"].tolist())
-    resumed.run()
+    simulate(resumed)
     assert _metrics(tmp_path / "part") == _metrics(tmp_path / "full")
     assert torch.equal(resumed.w, full.w)
     a, b = full.scheme.steps[0], resumed.scheme.steps[0]
@@ -196,7 +197,7 @@ def test_fsvrg_matches_a_per_client_reference():
             deltas.append(theta - w)
         wts = torch.tensor(sizes, dtype=torch.float32)
         w = w + (wts / wts.sum()) @ torch.stack(deltas)
-        m = sim.step_round()
+        m = Simulator(sim).step_round()
         torch.testing.assert_close(sim.w, w, rtol=0, atol=2e-5)
     n = sim.flat.n
     assert m["up_bytes"] == len(cohort) * 2 * 4 * n  # update + local gradient
@@ -213,7 +214,7 @@ def test_sub_fedavg_matches_a_per_client_reference():
     w, masks = sim.w.clone(), {}
     for r in (1, 2, 3):
         cohort, _ = sim.select(r)
-        batches = sim.batches(r, cohort)
+        batches = Simulator(sim).batches(r, cohort)
         total, count = torch.zeros_like(w), torch.zeros_like(w)
         for i, c in enumerate(cohort):
             mk = masks.get(int(c), torch.ones_like(w, dtype=torch.bool))
@@ -234,7 +235,7 @@ def test_sub_fedavg_matches_a_per_client_reference():
             total += (theta - w) * new
             count += new
         w = w + torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(w))
-        sim.step_round()
+        Simulator(sim).step_round()
         torch.testing.assert_close(sim.w, w, rtol=0, atol=2e-5)
         for c, mk in masks.items():
             assert torch.equal(step.table.get(np.array([c]))[0], mk)
@@ -250,7 +251,7 @@ def test_sub_fedavg_masks_shrink_to_the_target_and_never_prune_biases():
     prev, times, last = {}, {}, None
     for r in range(1, 21):
         cohort, _ = sim.select(r)
-        last = sim.step_round()
+        last = Simulator(sim).step_round()
         for c in cohort.tolist():
             times[c] = times.get(c, 0) + 1
             mk = step.table.get(np.array([c]))[0]

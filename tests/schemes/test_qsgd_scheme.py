@@ -9,7 +9,8 @@ import pytest
 
 from dpfl.compression.qsgd import QSGDCodec
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.privacy import GaussianEvent, Ledger, epsilon_for
 from dpfl.schemes import catalog_qsgd
@@ -31,8 +32,8 @@ def _cfg(scheme, rounds=12, **opts):
 
 
 def _run(tmp_path, scheme, rounds=12, **opts):
-    sim = Simulation(_cfg(scheme, rounds, **opts), tmp_path, log=lambda s: None)
-    summary = sim.run()
+    sim = Run(_cfg(scheme, rounds, **opts), tmp_path, log=lambda s: None)
+    summary = simulate(sim)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return sim, summary, [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
@@ -71,11 +72,11 @@ def test_qsgd_dp_local_epsilon_is_the_local_gaussians(tmp_path):
 
 def test_qsgd_dp_refuses_distributed_noise_and_bad_options(tmp_path):
     with pytest.raises(ConfigError, match="distributed"):
-        Simulation(_cfg("qsgd-dp", noise="distributed", sigma=1.0), tmp_path, log=lambda s: None)
+        Run(_cfg("qsgd-dp", noise="distributed", sigma=1.0), tmp_path, log=lambda s: None)
     with pytest.raises(ConfigError, match="levels"):
-        Simulation(_cfg("qsgd", levels=0), tmp_path, log=lambda s: None)
+        Run(_cfg("qsgd", levels=0), tmp_path, log=lambda s: None)
     with pytest.raises(ConfigError, match="clip"):
-        Simulation(_cfg("qsgd-dp", sigma=1.0, clip="auto"), tmp_path, log=lambda s: None)
+        Run(_cfg("qsgd-dp", sigma=1.0, clip="auto"), tmp_path, log=lambda s: None)
 
 
 def test_definitions_stay_short():

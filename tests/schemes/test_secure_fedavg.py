@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from dpfl.cli.main import app
 from dpfl.config import load_config
-from dpfl.engine.simulator import Simulation
+from dpfl.engine.run import Run
+from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.schemes.aggregators import MeanAggregator
 from dpfl.schemes.dp import ClipStep, clip_rows
@@ -43,10 +44,10 @@ def _config(**sections) -> dict:
     return data
 
 
-def _run(data: dict) -> tuple[Simulation, list[dict]]:
-    sim = Simulation(load_config(data=data), None, log=lambda s: None)
+def _run(data: dict) -> tuple[Run, list[dict]]:
+    sim = Run(load_config(data=data), None, log=lambda s: None)
     rounds: list[dict] = []
-    sim.run(rounds.append)
+    simulate(sim, rounds.append)
     return sim, rounds
 
 
@@ -94,7 +95,7 @@ def test_bad_options_are_one_config_error(options, message):
 def test_a_weighted_mean_is_refused_under_the_secure_sum():
     data = _config(scheme={"aggregator": "weighted_mean"})
     with pytest.raises(ConfigError, match="needs individual updates"):
-        Simulation(load_config(data=data), None, log=lambda s: None).setup()
+        Run(load_config(data=data), None, log=lambda s: None).setup()
 
 
 def test_the_secure_mean_is_the_mean_of_the_clipped_updates(contexts):
