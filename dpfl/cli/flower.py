@@ -97,10 +97,7 @@ def launcher_cmd(
     from dpfl.flower import launcher
 
     try:
-        if node_poll is not None:
-            launcher.check_poll(node_poll)  # before anything is written
-        f = launcher.write(out_dir)
-        node = None if node_poll is None else launcher.write_supernode(out_dir, node_poll)
+        f, node = (launcher.write(out_dir), None) if node_poll is None else launcher.write_both(out_dir, node_poll)
     except (DpflError, OSError) as e:
         _fail(e)
     start = "flower-supernode" if node is None else str(node)

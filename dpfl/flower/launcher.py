@@ -121,9 +121,8 @@ def _own_dir(directory: str | Path) -> Path:
     return d
 
 
-def _put(d: Path, name: str, text: str) -> Path:
-    """Write `d/name` (0700) in one rename; a file there that dpfl did not write is left alone."""
-    path, tmp = d / name, d / f".{name}.{os.getpid()}.tmp"
+def _refuse_foreign(path: Path) -> None:
+    """ConfigError if `path` exists and dpfl did not write it (it is never replaced)."""
     if path.is_symlink() or path.exists():
         head = b""
         if path.is_file() and not path.is_symlink():
@@ -131,6 +130,12 @@ def _put(d: Path, name: str, text: str) -> Path:
                 head = f.read(512)
         if MARK.encode() not in head:
             raise ConfigError(f"{path} exists and was not written by dpfl: not replacing it (choose another directory)")
+
+
+def _put(d: Path, name: str, text: str) -> Path:
+    """Write `d/name` (0700) in one rename; a file there that dpfl did not write is left alone."""
+    path, tmp = d / name, d / f".{name}.{os.getpid()}.tmp"
+    _refuse_foreign(path)
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
     with os.fdopen(fd, "w") as f:
@@ -160,6 +165,15 @@ POLL_HELP = ("the SuperNodes' idle seconds between pulls from the SuperLink: und
 def node_poll_of(seconds: float) -> float | None:
     """A --node-poll value: None for Flower's own 3 s, else the checked poll."""
     return None if seconds == FLOWER_POLL else check_poll(seconds)
+
+
+def write_both(directory: str | Path, poll: float) -> tuple[Path, Path]:
+    """`write` and `write_supernode`, each file checked before either is written."""
+    poll = check_poll(poll)
+    d = _own_dir(directory)
+    for name in (NAME, SUPERNODE):
+        _refuse_foreign(d / name)
+    return write(d), write_supernode(d, poll)
 
 
 def write_supernode(directory: str | Path, poll: float) -> Path:

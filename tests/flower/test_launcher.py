@@ -204,6 +204,17 @@ def test_a_local_federation_runs_its_supernodes_with_the_poll_or_flowers_own(tmp
         LocalFederation(tmp_path / "fed3", 1, node_poll=3.5)
 
 
+def test_a_foreign_supernode_file_stops_the_command_before_it_writes_anything(tmp_path):
+    d = tmp_path / "bin"
+    d.mkdir(mode=0o700)
+    (d / launcher.SUPERNODE).write_text("#!/bin/sh\nexit 3\n")  # not dpfl's
+    res = CliRunner().invoke(app, ["flower", "launcher", str(d), "--node-poll", "0.5"])
+    assert res.exit_code == 2 and "was not written by dpfl: not replacing it" in res.output, res.output
+    assert res.output.count("error:") == 1 and "Traceback" not in res.output
+    assert sorted(p.name for p in d.iterdir()) == [launcher.SUPERNODE]  # flwr-clientapp not written either
+    assert (d / launcher.SUPERNODE).read_text() == "#!/bin/sh\nexit 3\n"
+
+
 def test_the_commands_take_node_poll(tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["flower", "launcher", str(tmp_path / "bin"), "--node-poll", "0.5"])
