@@ -667,8 +667,8 @@ def scoreboard_block(records: Path, scored: tuple[str, ...] = SCORED) -> str:
         lit_ok = n - totals["literal below"]
         best_ok = n - totals["best below"] - totals["not run"] - totals["unchosen"]
         lines += ["", (f"All tables, {n} rows with a Δ (a row two tables share counted in each): within ±0.03 of the "
-                       f"thesis or above it, {lit_ok} ({lit_ok / n:.0%}) in the literal reading and {best_ok} "
-                       f"({best_ok / n:.0%}) in the best faithful reading, where {totals['best below']} are more "
+                       f"thesis or above it, {lit_ok} ({lit_ok / n:.1%}) in the literal reading and {best_ok} "
+                       f"({best_ok / n:.1%}) in the best faithful reading, where {totals['best below']} are more "
                        f"than 0.03 below, {totals['not run']} not run yet and {totals['unchosen']} have no reading "
                        "chosen yet.")]
     if pairs:

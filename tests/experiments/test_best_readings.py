@@ -113,8 +113,8 @@ def test_the_scoreboard_counts_both_columns_and_the_misses_not_run_apart(tree):
     assert row["best reading: not run (no full-length run yet)"] == "2"  # c, and f cut short
     assert row["best reading: none chosen yet"] == "1"  # d
     total = next(ln for ln in board if ln.startswith("All tables"))
-    assert "6 rows with a Δ" in total and "1 (17%) in the literal reading" in total
-    assert "2 (33%) in the best faithful reading, where 1 are more than 0.03 below, 2 not run yet and 1 have no " \
+    assert "6 rows with a Δ" in total and "1 (16.7%) in the literal reading" in total
+    assert "2 (33.3%) in the best faithful reading, where 1 are more than 0.03 below, 2 not run yet and 1 have no " \
            "reading chosen yet" in total
 
 
