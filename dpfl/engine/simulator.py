@@ -240,7 +240,7 @@ def simulate(run: Run, on_round: Callable[[dict[str, Any]], None] | None = None,
         run.log(run.accounting_note())
     total = run.cfg.federation.rounds
     with StopRequest() as stop:
-        while run.round < min(total, until or total):
+        while run.round < (total if until is None else min(total, until)):
             try:
                 m = sim.step_round()
             except BudgetExceededError as e:

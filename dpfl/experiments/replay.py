@@ -57,7 +57,7 @@ def rerun(run_dir: Path, rounds: int) -> list[dict[str, Any]]:
 
 def compare(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[str]:
     """One line per metric that differs between two runs' metrics lines (wall times ignored)."""
-    diffs = []
+    diffs = [] if len(want) == len(got) else [f"{len(want)} rounds on record, {len(got)} now"]
     for r, (a, b) in enumerate(zip(map(_comparable, want), got), 1):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):

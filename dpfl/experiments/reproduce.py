@@ -180,7 +180,12 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
             results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
             continue
         console.print(f"{row}: {job.scheme.describe()}")
-        s = execute(job, row)
+        try:
+            s = execute(job, row)
+        except ConfigError as e:  # refused by the simulator (e.g. a cohort that cannot fit in memory)
+            console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
+            results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
+            continue
         results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
                                                 "rounds_full": full_rounds(table, row)}, "dir": str(run_dir)})
     compare = print_comparison(table, thesis, results, console, wide)

@@ -333,3 +333,12 @@ def test_the_simulator_is_a_driver_only_the_run_holds_state(tmp_path, tiny_confi
     simulate(sim)
     run.setup()
     assert set(vars(sim)) == set(vars(run))
+
+
+def test_simulate_until_stops_after_that_round(tiny_config):
+    run = Run(tiny_config(**{"federation.rounds": 3}), None, log=lambda s: None)
+    seen = []
+    simulate(run, lambda m: seen.append(m["round"]), until=0)
+    assert seen == [] and run.round == 0
+    simulate(run, lambda m: seen.append(m["round"]), until=2)
+    assert seen == [1, 2] and run.round == 2

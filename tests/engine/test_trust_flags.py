@@ -242,3 +242,14 @@ def test_reproduce_resumes_a_row_made_on_another_device(table):
     from dpfl.experiments.reproduce import _RESOURCE_KEYS
 
     assert {f"run.{k}" for k in RESUME_RESOURCES} <= set(_RESOURCE_KEYS)
+
+
+def test_reproduce_skips_a_row_the_simulator_refuses_and_goes_on(table, monkeypatch):
+    """A row whose cohort cannot fit in memory is refused before its first round: reproduce says it
+    skipped that row (as for any refused row) instead of stopping the table."""
+    from dpfl.engine import simulator
+
+    monkeypatch.setattr(simulator, "available_memory", lambda: 1)
+    r = cli("reproduce", "tiny", "--out", table, "--rounds", "1")
+    assert r.exit_code == 0 and "skipped" in r.output and "needs at least" in r.output, r.output
+    assert not (table / "tiny" / "row" / "metrics.jsonl").exists()

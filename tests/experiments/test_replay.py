@@ -54,3 +54,10 @@ def test_replay_refuses_a_table_without_records_and_zero_rounds(tmp_path):
         replay(tmp_path, "table-4.1", 0, Console(file=io.StringIO()))
     with pytest.raises(ConfigError, match="not a directory of run records"):
         replay(tmp_path / "none", "all", 1, Console(file=io.StringIO()))
+
+
+def test_a_replay_that_ran_fewer_rounds_is_a_difference():
+    from dpfl.experiments.replay import compare
+
+    assert compare([{"round": 1}, {"round": 2}], [{"round": 1}]) == ["2 rounds on record, 1 now"]
+    assert compare([{"round": 1}], [{"round": 1}]) == []
