@@ -10,11 +10,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from dpfl.flower.launcher import LOCAL_POLL
+from dpfl.flower.launcher import LOCAL_POLL, launcher_of
+
+STARTED_BY = {"fork": "dpfl's flwr-clientapp, each a fork of dpfl's fork server (--launcher fork)",
+              "dpfl": "dpfl's flwr-clientapp, a new Python each (--launcher dpfl)",
+              "flower": "Flower's flwr-clientapp (--launcher flower)"}
 
 
 def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, auth: bool = False,
-            timeout: float = 1800.0, evaluation: str = "both", launcher: bool = True, node_poll: float | None = LOCAL_POLL,
+            timeout: float = 1800.0, evaluation: str = "both", launcher: str | None = None, node_poll: float | None = LOCAL_POLL,
             log=print) -> dict[str, Any]:
     """Run `config_text` over a local federation (seeded: comparable, not private) and in the
     simulator; returns both runs' per-round numbers and whether the final models are equal."""
@@ -107,14 +111,14 @@ def split_table(res: dict[str, Any], console: Console | None = None) -> dict[str
 
 
 def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, evaluation: str = "both",
-              launcher: bool = True, node_poll: float | None = LOCAL_POLL, console: Console | None = None) -> dict[str, Any]:
+              launcher: str | None = None, node_poll: float | None = LOCAL_POLL, console: Console | None = None) -> dict[str, Any]:
     """Measure a deployed run of `config_text` (seeded) against the simulator and print the tables.
-    launcher: ClientApps started by dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's;
+    launcher: what starts the ClientApps (fork, dpfl or flower: `dpfl.flower.launcher.LAUNCHERS`);
     node_poll: the SuperNodes' idle poll in s (dpfl-supernode), None: Flower's flower-supernode (3 s)."""
     console = console or Console(width=160)
     res = compare(config_text, workdir, tls=tls, evaluation=evaluation, launcher=launcher, node_poll=node_poll,
                   log=console.print)
-    res["launcher"] = "dpfl" if launcher else "flower"
+    res["launcher"] = launcher = launcher_of(launcher, node_poll)
     res["node_poll"] = node_poll
     table(res, console)
     s = split_table(res, console)
@@ -128,8 +132,7 @@ def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, ev
                   f"exchanges; Flower's fixed cost {s['steady_flower_fixed_seconds']:.2f} s, dpfl's own "
                   f"{s['steady_dpfl_seconds']:.2f} s; round − Flower's fixed cost = "
                   f"{s['steady_round_seconds'] - s['steady_flower_fixed_seconds']:.2f} s")
-    console.print("ClientApp processes started by " + ("dpfl's flwr-clientapp (dpfl.flower.launcher)" if launcher
-                                                        else "Flower's flwr-clientapp (--launcher flower)")
+    console.print("ClientApp processes started by " + STARTED_BY[launcher]
                   + "; SuperNodes: " + (f"dpfl-supernode, idle poll {node_poll:g} s" if node_poll is not None
                                         else "Flower's flower-supernode, idle poll 3 s (--node-poll 3)"))
     console.print(f"startup {res['startup_seconds']:.1f} s, run {res['run_seconds']:.1f} s, CPU of all "

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from dpfl.errors import ConfigError, DpflError
-from dpfl.flower.launcher import LOCAL_POLL, POLL_HELP, node_poll_of
+from dpfl.flower.launcher import LAUNCHER_HELP, LOCAL_POLL, POLL_HELP, launcher_of, node_poll_of
 
 app = typer.Typer(help="Run dpfl configs on Flower's deployment runtime (SuperLink, SuperNodes, flwr run).",
                   no_args_is_help=True)
@@ -92,12 +92,17 @@ def launcher_cmd(
     node_poll: Annotated[float | None, typer.Option(help="also write dpfl-supernode: Flower's flower-supernode, "
                                                          "idle this many s between pulls from the SuperLink "
                                                          "(Flower: 3 s; at least 0.05)")] = None,
+    fork: Annotated[bool | None, typer.Option(help="with --node-poll: dpfl-supernode starts dpfl's fork server, "
+                                                   "whose forks run the SuperNode's ClientApps (default: on)")] = None,
 ) -> None:
     """A quicker flwr-clientapp for a site's SuperNode: start it with this directory first on PATH."""
     from dpfl.flower import launcher
 
     try:
-        f, node = (launcher.write(out_dir), None) if node_poll is None else launcher.write_both(out_dir, node_poll)
+        if fork is not None and node_poll is None:
+            raise ConfigError("--fork/--no-fork applies to dpfl-supernode: give --node-poll too")
+        f, node = ((launcher.write(out_dir), None) if node_poll is None
+                   else launcher.write_both(out_dir, node_poll, fork=fork is not False))
     except (DpflError, OSError) as e:
         _fail(e)
     start = "flower-supernode" if node is None else str(node)
@@ -123,8 +128,7 @@ def local_cmd(
     evaluation: str = typer.Option("both", help="server | federated | both (see `dpfl flower app`)"),
     resume: Annotated[Path | None, typer.Option(help="continue the run in this workdir from its checkpoint "
                                                      "(a new federation; the config and ledger are the run's)")] = None,
-    launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
-                                              "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
+    launcher: str | None = typer.Option(None, help=LAUNCHER_HELP),
     node_poll: float = typer.Option(LOCAL_POLL, help=POLL_HELP),
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
@@ -132,9 +136,8 @@ def local_cmd(
     from dpfl.flower.local import run_local
 
     try:
-        if launcher not in ("dpfl", "flower"):
-            raise ConfigError(f"--launcher must be dpfl or flower, got {launcher!r}")
-        quick, poll = launcher == "dpfl", node_poll_of(node_poll)
+        poll = node_poll_of(node_poll)
+        mode = launcher_of(launcher, poll)
         if resume is None and config is None:
             config = Path("deploy-demo")  # the cross-silo recipe: record-level DP-SGD in 3 sites, secure sum
         if resume is not None:
@@ -142,19 +145,19 @@ def local_cmd(
                 raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
                                   "--set, --workdir and --reproducible")
             res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
-                            launcher=quick, node_poll=poll, log=console.print)
+                            launcher=mode, node_poll=poll, log=console.print)
             work = resume
             for m in res["metrics"]:
                 console.print(m)
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
-            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=quick, node_poll=poll,
+            res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=mode, node_poll=poll,
                           log=console.print)
             table(res, console)
             console.print(f"final model equals the simulator's: {res['equal']} (max |Δw| = {res['max_abs_diff']:.3g})")
         else:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
-            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=quick,
+            res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=mode,
                             node_poll=poll, log=console.print)
             for m in res["metrics"]:
                 console.print(m)

@@ -18,7 +18,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from dpfl.errors import DpflError
-from dpfl.flower.launcher import LOCAL_POLL, POLL_HELP, node_poll_of
+from dpfl.flower.launcher import LAUNCHER_HELP, LOCAL_POLL, POLL_HELP, launcher_of, node_poll_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -426,25 +426,22 @@ def bench_flower(
     config: str = typer.Option("deploy-demo", help="run config: a TOML file or a built-in name (deploy-demo: the "
                                                    "cross-silo recipe; deploy-mechanics: FL-SIGN-DP)"),
     evaluation: str = typer.Option("both", help="server | federated | both"),
-    launcher: str = typer.Option("dpfl", help="what starts each ClientApp process: dpfl (its quicker "
-                                              "flwr-clientapp, `dpfl flower launcher`) | flower (Flower's own)"),
+    launcher: str | None = typer.Option(None, help=LAUNCHER_HELP),
     node_poll: float = typer.Option(LOCAL_POLL, help=POLL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON line with the numbers last."),
 ) -> None:
     """A run over a local Flower federation (3 sites) vs the simulator: time per phase, bytes, ε."""
     from dpfl.bench.flower import run_bench
     from dpfl.config import dump_config, load_config
-    from dpfl.errors import ConfigError
 
     try:
-        if launcher not in ("dpfl", "flower"):
-            raise ConfigError(f"--launcher must be dpfl or flower, got {launcher!r}")
         poll = node_poll_of(node_poll)
+        launcher = launcher_of(launcher, poll)
         cfg = load_config(_resolve_config(Path(config)))
     except DpflError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    res = run_bench(dump_config(cfg), evaluation=evaluation, launcher=launcher == "dpfl", node_poll=poll,
+    res = run_bench(dump_config(cfg), evaluation=evaluation, launcher=launcher, node_poll=poll,
                     console=console)
     if json_out:
         console.print_json(json.dumps({k: v for k, v in res.items() if k not in ("metrics", "simulator", "commands")}))

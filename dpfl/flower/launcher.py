@@ -29,13 +29,13 @@ from dpfl.errors import ConfigError
 
 NAME = "flwr-clientapp"
 MARK = "# written by dpfl.flower.launcher"
+FORK_ENV = "DPFL_FORK_SERVER"  # = dpfl.flower.forkserver.ENV (this module's scripts name it)
+FORK_SERVER = Path(__file__).with_name("forkserver.py")
 
-SCRIPT = '''#!{python}
-{mark}: Flower's own `flwr-clientapp`, loaded from its file without the package
-# flwr.supernode.cli, whose __init__ imports the SuperNode's command (unused by a ClientApp)
+FULL = '''import sys
+sys.argv = sys.argv[1:]  # run as `python -c FULL SCRIPT ARGS...`: argv[0] is the script's path
 import importlib.util
 import os
-import sys
 
 import flwr.supernode
 
@@ -51,6 +51,91 @@ else:
 sys.exit(main())
 '''
 
+SCRIPT = '''#!{python} -S
+{mark}: Flower's own `flwr-clientapp`. Where the SuperNode started dpfl's fork
+# server (dpfl-supernode; dpfl/flower/forkserver.py), a fork of it runs Flower's function with this
+# process's arguments, directory, environment and streams; else this Python runs it, loaded without
+# the package flwr.supernode.cli, whose __init__ imports the SuperNode's command (unused by a ClientApp)
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+FULL = {full!r}
+INT = struct.Struct("!i")
+WAIT = 10.0  # s for the fork server to answer with the fork's pid
+
+
+def recv_int(s):
+    buf = b""
+    while len(buf) < INT.size:
+        chunk = s.recv(INT.size - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return INT.unpack(buf)[0]
+
+
+def forked():
+    # the fork's exit status; None where no fork server ran Flower's function
+    path = os.environ.get("{env}", "")
+    if not path.startswith("/") or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(WAIT)  # a stopped or stuck server: run Flower's function here instead
+    try:
+        s.connect(path)
+        uid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+        if uid != os.getuid():
+            raise OSError(f"the fork server at {{path}} is another user's")
+        data = json.dumps({{"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+        data = struct.pack("!I", len(data)) + data
+        sent = socket.send_fds(s, [data], [0, 1, 2])
+        if sent < len(data):
+            s.sendall(data[sent:])
+        pid = recv_int(s)
+    except (OSError, ValueError) as e:
+        s.close()  # a fork that started anyway sees it closed and ends (SIGTERM) before it runs twice
+        if not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
+            print(f"flwr-clientapp (dpfl): fork server not used: {{e}}", file=sys.stderr, flush=True)
+        return None
+    if pid is None:  # refused before it forked: nothing ran
+        s.close()
+        print("flwr-clientapp (dpfl): the fork server refused the request", file=sys.stderr, flush=True)
+        return None
+    s.settimeout(None)
+    try:
+        pidfd = os.pidfd_open(pid)  # signals reach this child even once its pid is reused
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def forward(n, _):
+        try:
+            if pidfd is None:
+                os.kill(pid, n)
+            else:
+                signal.pidfd_send_signal(pidfd, n)
+        except OSError:  # it has ended
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    code = recv_int(s)
+    if code is None:
+        print(f"flwr-clientapp (dpfl): the forked ClientApp (pid {{pid}}) ended without an exit status",
+              file=sys.stderr, flush=True)
+        return 1
+    return code
+
+
+code = forked()
+if code is None:
+    os.execv(sys.executable, [sys.executable, "-P", "-c", FULL, *sys.argv])  # -P: no cwd on sys.path
+sys.exit(code)
+'''
+
 
 SUPERNODE = "dpfl-supernode"
 FLOWER_POLL = 3.0  # Flower's SuperNode: idle seconds between pulls (start_client_internal.py)
@@ -59,8 +144,12 @@ LOCAL_POLL = 0.5  # a local federation's SuperNodes (loopback, a few sites): `dp
 
 SUPERNODE_SCRIPT = '''#!{python}
 {mark}: Flower's own `flower-supernode`, idle {poll} s between its pulls from
-# the SuperLink (Flower: 3 s) and checking for a ClientApp's reply every 0.05 s (Flower: 0.5 s)
+# the SuperLink (Flower: 3 s) and checking for a ClientApp's reply every 0.05 s (Flower: 0.5 s); with
+# dpfl's fork server for its ClientApps where FORK_SERVER names it (dpfl/flower/forkserver.py)
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import flwr
@@ -86,6 +175,19 @@ class _Time:
 
 
 loop.time = _Time()
+
+FORK_SERVER = {server!r}  # dpfl's fork server for this SuperNode's ClientApps (None: none)
+os.environ.pop("{env}", None)
+if FORK_SERVER and sys.platform.startswith("linux"):  # fork, SO_PEERCRED
+    where = os.path.join(tempfile.mkdtemp(prefix="dpfl-fork-"), "s")  # a new directory only this user can enter
+    if len(where) > 100 or not os.path.isfile(FORK_SERVER):  # sun_path: 108 bytes
+        os.rmdir(os.path.dirname(where))
+        print(f"dpfl-supernode: no fork server ({{FORK_SERVER}} missing, or TMPDIR too long for a socket's path)",
+              file=sys.stderr, flush=True)
+    else:
+        subprocess.Popen([sys.executable, "-P", FORK_SERVER, where, str(os.getpid())], stdin=subprocess.DEVNULL)
+        os.environ["{env}"] = where  # the SuperExec, and the flwr-clientapp it starts, inherit it
+
 from flwr.supernode.cli import flower_supernode  # noqa: E402
 
 sys.exit(flower_supernode())
@@ -148,7 +250,7 @@ def _put(d: Path, name: str, text: str) -> Path:
 def write(directory: str | Path) -> Path:
     """Write `directory/flwr-clientapp` (mode 0700; the directory is created 0700 and must belong
     to this user and be closed to others: Flower executes what it finds there). Returns the file."""
-    return _put(_own_dir(directory), NAME, SCRIPT.format(python=sys.executable, mark=MARK))
+    return _put(_own_dir(directory), NAME, SCRIPT.format(python=sys.executable, mark=MARK, full=FULL, env=FORK_ENV))
 
 
 def check_poll(poll: float) -> float:
@@ -162,25 +264,46 @@ POLL_HELP = ("the SuperNodes' idle seconds between pulls from the SuperLink: und
              "(Flower's SuperNode with that poll, `dpfl flower launcher --node-poll`); 3: Flower's own flower-supernode")
 
 
+LAUNCHERS = ("fork", "dpfl", "flower")
+LAUNCHER_HELP = ("what starts each ClientApp process: fork (dpfl's flwr-clientapp, run by a fork of dpfl's fork "
+                 "server beside each SuperNode; needs --node-poll under 3) | dpfl (dpfl's flwr-clientapp, a new "
+                 "Python each message) | flower (Flower's own); default: fork, or dpfl with --node-poll 3")
+
+
+def launcher_of(name: str | None, node_poll: float | None) -> str:
+    """A --launcher value, checked against the SuperNodes' poll (None: Flower's flower-supernode).
+    None: fork where the SuperNodes are dpfl-supernode (which starts the fork server), else dpfl."""
+    if name is None:
+        return "dpfl" if node_poll is None else "fork"
+    if name not in LAUNCHERS:
+        raise ConfigError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {name!r}")
+    if name == "fork" and node_poll is None:
+        raise ConfigError("--launcher fork needs dpfl-supernode (it starts the fork server): give --node-poll "
+                          "under 3, or --launcher dpfl with Flower's flower-supernode")
+    return name
+
+
 def node_poll_of(seconds: float) -> float | None:
     """A --node-poll value: None for Flower's own 3 s, else the checked poll."""
     return None if seconds == FLOWER_POLL else check_poll(seconds)
 
 
-def write_both(directory: str | Path, poll: float) -> tuple[Path, Path]:
+def write_both(directory: str | Path, poll: float, fork: bool = True) -> tuple[Path, Path]:
     """`write` and `write_supernode`, each file checked before either is written."""
     poll = check_poll(poll)
     d = _own_dir(directory)
     for name in (NAME, SUPERNODE):
         _refuse_foreign(d / name)
-    return write(d), write_supernode(d, poll)
+    return write(d), write_supernode(d, poll, fork)
 
 
-def write_supernode(directory: str | Path, poll: float) -> Path:
-    """Write `directory/dpfl-supernode`: `flower-supernode` idle `poll` s between pulls (same
-    directory rules as `write`). Returns the file."""
+def write_supernode(directory: str | Path, poll: float, fork: bool = True) -> Path:
+    """Write `directory/dpfl-supernode`: `flower-supernode` idle `poll` s between pulls, which starts
+    dpfl's fork server for its ClientApps if `fork` (same directory rules as `write`). Returns the file."""
     poll = check_poll(poll)
-    return _put(_own_dir(directory), SUPERNODE, SUPERNODE_SCRIPT.format(python=sys.executable, mark=MARK, poll=poll))
+    server = str(FORK_SERVER) if fork else None
+    text = SUPERNODE_SCRIPT.format(python=sys.executable, mark=MARK, poll=poll, server=server, env=FORK_ENV)
+    return _put(_own_dir(directory), SUPERNODE, text)
 
 
 def path_with(directory: str | Path, path: str | None) -> str:

@@ -143,14 +143,15 @@ class LocalFederation:
 
     def __init__(self, workdir: str | Path, nodes: int, *, tls: bool = False, auth: bool = False,
                  seeded: bool = False, node_config: dict[int, dict[str, object]] | None = None,
-                 launcher: bool = True, node_poll: float | None = quick_launch.LOCAL_POLL, log=print):
+                 launcher: str | None = None, node_poll: float | None = quick_launch.LOCAL_POLL, log=print):
         if nodes < 1:
             raise ConfigError(f"a federation needs at least one SuperNode, got nodes = {nodes}")
         if auth and not tls:
             raise ConfigError("SuperNode authentication needs TLS (Flower refuses it over an insecure channel)")
         self.dir = Path(workdir).resolve()  # the SuperNodes run what bin/ holds: by a path without links
-        self.n, self.tls, self.auth, self.seeded, self.launcher = nodes, tls, auth, seeded, launcher
+        self.n, self.tls, self.auth, self.seeded = nodes, tls, auth, seeded
         self.node_poll = None if node_poll is None else quick_launch.check_poll(node_poll)
+        self.launcher = launcher = quick_launch.launcher_of(launcher, self.node_poll)
         self.extra = node_config or {}
         self.log = log
         self.procs: list[subprocess.Popen] = []
@@ -158,7 +159,8 @@ class LocalFederation:
         self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
         self.env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(self.dir / "flwr-home")}
-        if launcher:  # the SuperNodes find dpfl's quicker `flwr-clientapp` first (dpfl.flower.launcher)
+        self.env.pop(quick_launch.FORK_ENV, None)  # only a SuperNode's own fork server is used
+        if launcher != "flower":  # the SuperNodes find dpfl's quicker `flwr-clientapp` first (dpfl.flower.launcher)
             self.env["PATH"] = quick_launch.path_with(self.dir / "bin", os.environ.get("PATH"))
         self.nodes: dict[int, subprocess.Popen] = {}  # client id → its SuperNode
         self.link: subprocess.Popen | None = None  # the SuperLink
@@ -249,10 +251,10 @@ class LocalFederation:
 
     def start(self, timeout: float = 60.0) -> LocalFederation:
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.launcher:
+        if self.launcher != "flower":
             quick_launch.write(self.dir / "bin")
         if self.node_poll is not None:
-            quick_launch.write_supernode(self.dir / "bin", self.node_poll)
+            quick_launch.write_supernode(self.dir / "bin", self.node_poll, fork=self.launcher == "fork")
         if self.tls:
             certs.make_tls(self.certs_dir)
         if self.auth:
@@ -451,7 +453,7 @@ def _was_reproducible(app_dir: Path) -> bool:
 def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True, auth: bool = False,
               reproducible: bool = False, data_paths: dict[int, str] | None = None,
               node_config: dict[int, dict[str, object]] | None = None, timeout: float = 1800.0,
-              resume: bool = False, evaluation: str = "both", launcher: bool = True,
+              resume: bool = False, evaluation: str = "both", launcher: str | None = None,
               node_poll: float | None = quick_launch.LOCAL_POLL, log=print) -> dict:
     """Run a dpfl config on a local federation (one SuperNode per client) and tear it down.
 
@@ -459,8 +461,8 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     `dpfl run` bit for bit, and NOT private). data_paths: client id → its data file (else each
     client takes its partition of the configured dataset); node_config: more node config keys per
     client (test-path, ...). resume: continue the run in `workdir/out` from its checkpoint (the
-    config is the run's own, `config_text` must be None or the same). launcher: the SuperNodes
-    start ClientApps with dpfl's `flwr-clientapp` (`dpfl.flower.launcher`), else Flower's. node_poll: the
+    config is the run's own, `config_text` must be None or the same). launcher: what starts the
+    ClientApps (fork, dpfl, flower; None: `dpfl.flower.launcher.launcher_of`). node_poll: the
     SuperNodes run as dpfl-supernode, idle that many s between pulls (None: Flower's 3 s). Returns the per-round
     metrics, the summary, the final model `w`, the wall and CPU seconds of the run, and the commands.
     """

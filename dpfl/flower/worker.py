@@ -12,8 +12,9 @@ Nothing secret lives in the worker between messages: the node's state (its secre
 row) travels with each message and back, and stays in the SuperNode as before. The socket lies in
 a directory only this user can open (`/tmp/dpfl-<uid>`, mode 0700, checked), and the worker
 answers only this user's processes (SO_PEERCRED). Records cross as Flower's own protobuf
-(`recorddict_to_proto`); nothing is unpickled. The worker exits when the SuperNode's SuperExec
-(the ClientApp's parent) is gone, or after `IDLE_S` without a message.
+(`recorddict_to_proto`); nothing is unpickled. The worker exits when the ClientApp's parent is gone
+(the SuperNode's SuperExec, or its fork server: each ends with the SuperNode), or after `IDLE_S`
+without a message.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from dpfl.flower import launcher
 from dpfl.flower.local import LocalFederation
 
 PROBE = """
-import runpy, sys
-sys.argv = ["flwr-clientapp", "--help"]
+import sys
+sys.argv = ["-c", "flwr-clientapp", "--help"]  # as the script runs it: python -c FULL SCRIPT ARGS
 try:
-    runpy.run_path({path!r}, run_name="__main__")
+    exec(compile({full!r}, "<flwr-clientapp>", "exec"), {{"__name__": "__main__"}})
 except SystemExit as e:
     code = e.code
 print("EXIT", code)
@@ -31,8 +31,9 @@ print("SQLALCHEMY", "sqlalchemy" in sys.modules)
 def test_the_script_is_flowers_clientapp_without_the_supernode_command(tmp_path):
     path = launcher.write(tmp_path / "bin")
     assert path.name == "flwr-clientapp" and oct(path.stat().st_mode & 0o777) == "0o700"
-    assert path.read_text().splitlines()[0] == f"#!{sys.executable}"
-    out = subprocess.run([sys.executable, "-c", PROBE.format(path=str(path))], capture_output=True, text=True,
+    assert path.read_text().splitlines()[0] == f"#!{sys.executable} -S"  # no site: the script needs the stdlib only
+    assert repr(launcher.FULL) in path.read_text()  # what it runs where no fork server answers
+    out = subprocess.run([sys.executable, "-c", PROBE.format(full=launcher.FULL)], capture_output=True, text=True,
                          check=False, timeout=120).stdout
     assert "usage: flwr-clientapp" in out and "--runtime-api-address" in out  # Flower's own parser
     assert "EXIT 0" in out
@@ -106,11 +107,10 @@ def test_an_unset_path_keeps_the_systems_default(tmp_path, monkeypatch):
 
 
 def test_where_flowers_file_is_missing_the_script_imports_it_the_usual_way(tmp_path):
-    path = launcher.write(tmp_path / "bin")
-    probe = ("import os, runpy, sys\nreal = os.path.isfile\n"
+    probe = ("import os, sys\nreal = os.path.isfile\n"
              "os.path.isfile = lambda p: False if p.endswith('flwr_clientapp.py') else real(p)\n"
              + PROBE.split("\n", 2)[2])
-    out = subprocess.run([sys.executable, "-c", probe.format(path=str(path))], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe.format(full=launcher.FULL)], capture_output=True, text=True,
                          check=False, timeout=120).stdout
     assert "usage: flwr-clientapp" in out and "EXIT 0" in out
     assert "SUPERNODE_CLI True" in out  # the package's __init__ came along
@@ -119,7 +119,7 @@ def test_where_flowers_file_is_missing_the_script_imports_it_the_usual_way(tmp_p
 def test_a_local_federation_puts_it_first_on_the_supernodes_path(tmp_path):
     fed = LocalFederation(tmp_path / "fed", 1)
     assert fed.env["PATH"].split(os.pathsep)[0] == str((tmp_path / "fed" / "bin").resolve())
-    plain = LocalFederation(tmp_path / "fed2", 1, launcher=False)
+    plain = LocalFederation(tmp_path / "fed2", 1, launcher="flower")
     assert plain.env["PATH"] == os.environ.get("PATH")
 
 
@@ -228,3 +228,28 @@ def test_the_commands_take_node_poll(tmp_path):
         assert res.exit_code == 2 and "SuperNode poll must be at least" in res.output, (cmd, res.output)
         assert "Traceback" not in res.output
     assert not (tmp_path / "b2").exists()
+
+
+def test_dpfl_supernode_starts_the_fork_server_unless_told_not_to(tmp_path):
+    on = launcher.write_supernode(tmp_path / "a", 0.5).read_text()
+    assert f"FORK_SERVER = {str(launcher.FORK_SERVER)!r}" in on and launcher.FORK_SERVER.is_file()
+    off = launcher.write_supernode(tmp_path / "b", 0.5, fork=False).read_text()
+    assert "FORK_SERVER = None" in off
+    for text in (on, off):  # an inherited socket path is never used by a SuperNode that started no server
+        assert f'os.environ.pop("{launcher.FORK_ENV}", None)' in text
+    res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "c"), "--node-poll", "0.5", "--no-fork"])
+    assert res.exit_code == 0 and "FORK_SERVER = None" in (tmp_path / "c" / launcher.SUPERNODE).read_text()
+    res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "d"), "--fork"])
+    assert res.exit_code == 2 and "--fork/--no-fork applies to dpfl-supernode: give --node-poll too" in res.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_launcher_follows_the_supernode(tmp_path):
+    assert LocalFederation(tmp_path / "f1", 1).launcher == "fork"  # dpfl-supernode starts the fork server
+    assert LocalFederation(tmp_path / "f2", 1, node_poll=None).launcher == "dpfl"  # Flower's flower-supernode
+    with pytest.raises(ConfigError, match="--launcher fork needs dpfl-supernode"):
+        LocalFederation(tmp_path / "f3", 1, launcher="fork", node_poll=None)
+    with pytest.raises(ConfigError, match="--launcher must be one of fork, dpfl, flower"):
+        LocalFederation(tmp_path / "f4", 1, launcher="spawn")
+    res = CliRunner().invoke(app, ["bench", "flower", "--launcher", "fork", "--node-poll", "3"])
+    assert res.exit_code == 2 and "--launcher fork needs dpfl-supernode" in res.output

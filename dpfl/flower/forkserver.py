@@ -1,0 +1,265 @@
+"""A fork server for the ClientApp processes Flower launches, one per message (Linux).
+
+Flower's SuperExec starts the command `flwr-clientapp` for every message, and most of that launch is a
+new Python importing Flower (about 1.3 s of CPU on a 2-core EPYC; three sites launch at once). Flower
+1.41 has no way to keep a ClientApp alive between messages. `dpfl-supernode` (launcher.py) starts this
+server beside the SuperNode: one process that imports Flower's `flwr-clientapp` module once and waits
+on a Unix socket in a private directory. dpfl's `flwr-clientapp` script sends it its arguments,
+working directory, environment and standard streams; the server forks, and the child runs Flower's own
+`flwr_clientapp()` with them, as the launched process would have, and reports its exit status. Each
+message still runs in a process of its own (a fork of one that has run nothing), so nothing carries
+over between messages. Signals sent to the script are passed on to the child; if the script dies, the
+child is sent SIGTERM. Where the server cannot be reached, the script runs Flower's function itself.
+
+This file imports nothing of dpfl: the server is started by its path (`python -P FILE SOCKET PID`),
+so that a ClientApp's own `import dpfl.flower` happens in the child, as in a launched process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import gc
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+ENV = "DPFL_FORK_SERVER"  # the socket's path, in the SuperNode's environment (its SuperExec's, its scripts')
+STREAMS = 3  # stdin, stdout, stderr: passed with the request (SCM_RIGHTS)
+MAX_REQUEST = 1 << 20  # bytes of a request: argv, cwd and environment as JSON
+MAX_ARGS = 256
+INT = struct.Struct("!i")  # the child's pid, then its exit status
+
+
+def parse_request(data: bytes) -> tuple[list[str], str, dict[str, str]]:
+    """(argv, cwd, env) from a request's JSON; ValueError naming what is wrong."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"a request must be UTF-8 JSON: {e}") from None
+    if not isinstance(obj, dict) or set(obj) != {"argv", "cwd", "env"}:
+        raise ValueError("a request must be a JSON object with exactly the keys argv, cwd and env")
+    argv, cwd, env = obj["argv"], obj["cwd"], obj["env"]
+    if not (isinstance(argv, list) and 1 <= len(argv) <= MAX_ARGS and all(isinstance(a, str) for a in argv)):
+        raise ValueError(f"argv must be a list of 1 to {MAX_ARGS} strings")
+    if not (isinstance(cwd, str) and os.path.isabs(cwd)):
+        raise ValueError("cwd must be an absolute path")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ValueError("env must map strings to strings")
+    if any(k == "" or "=" in k for k in env):
+        raise ValueError("an environment variable's name must be non-empty and hold no '='")
+    if any("\0" in s for s in [*argv, cwd, *env, *env.values()]):
+        raise ValueError("a request's strings may hold no NUL character")
+    return argv, cwd, env
+
+
+def encode_request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
+    """The length-prefixed request `parse_request` reads (the script inlines the same two lines)."""
+    data = json.dumps({"argv": argv, "cwd": cwd, "env": env}).encode()
+    return struct.pack("!I", len(data)) + data
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _recv_exact(conn: socket.socket, n: int, head: bytes = b"") -> bytes:
+    buf = bytearray(head)
+    while len(buf) < n:
+        chunk = conn.recv(min(1 << 16, n - len(buf)))
+        if not chunk:
+            raise ValueError(f"the request ended after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def receive(conn: socket.socket) -> tuple[list[str], str, dict[str, str], list[int]]:
+    """One request from `conn`: (argv, cwd, env, fds). ValueError (fds closed) if it is not one."""
+    data, fds, flags, _ = socket.recv_fds(conn, 1 << 16, STREAMS)
+    try:
+        if flags & socket.MSG_CTRUNC or len(fds) != STREAMS:
+            raise ValueError(f"a request must carry exactly {STREAMS} file descriptors, got {len(fds)}")
+        if len(data) < 4:
+            raise ValueError("a request must start with its 4-byte length")
+        (n,) = struct.unpack("!I", data[:4])
+        if n > MAX_REQUEST:
+            raise ValueError(f"a request of {n} bytes is over the {MAX_REQUEST}-byte limit")
+        if len(data) > 4 + n:
+            raise ValueError("bytes follow the request")
+        argv, cwd, env = parse_request(_recv_exact(conn, 4 + n, data)[4:])
+    except (ValueError, OSError):
+        for fd in fds:
+            os.close(fd)
+        raise
+    return argv, cwd, env, fds
+
+
+def load_main():
+    """Flower's `flwr_clientapp` function, loaded as dpfl's script loads it (without the package
+    `flwr.supernode.cli`, whose __init__ imports the SuperNode's command)."""
+    import importlib.util
+
+    import flwr.supernode
+
+    path = os.path.join(flwr.supernode.__path__[0], "cli", "flwr_clientapp.py")
+    if not os.path.isfile(path):
+        from flwr.supernode.cli import flwr_clientapp
+        return flwr_clientapp
+    spec = importlib.util.spec_from_file_location("_flwr_clientapp", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.flwr_clientapp
+
+
+def exit_status(code: object) -> int:
+    """The status a process exiting by `sys.exit(code)` has (a message is printed to stderr)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _watch(conn: socket.socket) -> None:
+    """SIGTERM this process once the script that asked for it is gone (its end of `conn` closes)."""
+    try:
+        while conn.recv(64):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], fds: list[int], main) -> None:
+    """In the forked child: become the launched process, run Flower's function, report, exit."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, STREAMS) for fd in fds]  # none of them 0-2 while 0-2 are set
+        for fd in fds:
+            os.close(fd)
+        for target, fd in enumerate(high):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = list(argv)
+        conn.sendall(INT.pack(os.getpid()))
+        threading.Thread(target=_watch, args=(conn,), daemon=True).start()
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = exit_status(e.code)
+        except BaseException:  # noqa: BLE001 - what an uncaught exception does to a process
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        # then what a process's normal end does: wait for its other threads, run its exit functions
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # done: the script's end (see _watch) is no news now
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        try:
+            conn.sendall(INT.pack(code))
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
+    """Serve requests on the Unix socket `path` until process `parent` is gone (or SIGTERM)."""
+    main = main or load_main()
+    me = os.getpid()
+    uid = os.getuid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def stop(*_):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        listener.bind(path)  # after the imports: a script that connects finds a ready server
+        os.chmod(path, 0o600)
+        listener.listen(64)
+        listener.settimeout(poll)
+        gc.collect()
+        gc.freeze()  # the children share the imported modules' pages: the collector leaves them untouched
+        sys.stdout.flush()
+        sys.stderr.flush()  # nothing buffered is copied into the children
+        while os.getppid() == parent:
+            _reap()
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as e:  # out of descriptors, a caller gone: the next one may be served
+                print(f"dpfl fork server: accept failed: {e}", file=sys.stderr, flush=True)
+                time.sleep(poll)
+                continue
+            try:
+                conn.settimeout(5.0)
+                if _peer_uid(conn) != uid:
+                    raise ValueError("a process of another user connected")
+                argv, cwd, env, fds = receive(conn)
+                conn.settimeout(None)
+            except (ValueError, OSError) as e:
+                print(f"dpfl fork server: refused a request: {e}", file=sys.stderr, flush=True)
+                conn.close()
+                continue
+            try:
+                pid = os.fork()
+            except OSError as e:  # the script sees its connection close before a pid, and runs Flower itself
+                print(f"dpfl fork server: fork failed: {e}", file=sys.stderr, flush=True)
+                pid = -1
+            if pid == 0:
+                listener.close()
+                _child(conn, argv, cwd, env, fds, main)
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+    finally:
+        if os.getpid() == me:
+            listener.close()
+            try:
+                os.unlink(path)
+                os.rmdir(os.path.dirname(path))
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: forkserver.py SOCKET PARENT_PID")
+    try:
+        serve(sys.argv[1], int(sys.argv[2]))
+    except KeyboardInterrupt:
+        pass

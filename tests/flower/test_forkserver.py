@@ -1,0 +1,274 @@
+"""dpfl's fork server (dpfl.flower.forkserver) and the `flwr-clientapp` script that uses it: the fork
+runs with the script's arguments, directory, environment and streams, reports its exit status, gets
+the script's signals, ends when the script is gone; a bad request is refused and the server goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpfl.flower import forkserver, launcher
+from dpfl.flower.local import _cmdline, descendants
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux only (SO_PEERCRED, fork)")
+
+# a stand-in for Flower's flwr_clientapp: what the fork sees, then an exit status
+PROBE_MAIN = '''
+import os, signal, sys, time
+def main():
+    def term(n, _):
+        open(sys.argv[2] + ".tmp", "w").write("TERM")
+        os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+        print("TERM", flush=True)
+        sys.exit(3)
+    if sys.argv[1:2] == ["sleep"]:
+        signal.signal(signal.SIGTERM, term)
+    print("ARGV", sys.argv[1:], "CWD", os.getcwd(), "X", os.environ.get("DPFL_TEST_X"), flush=True)
+    if sys.argv[1:2] == ["sleep"]:
+        time.sleep(60)
+    sys.exit(int(sys.argv[1]) if sys.argv[1:2] and sys.argv[1].isdigit() else 0)
+'''
+
+
+def _server(tmp_path, main_code: str | None = PROBE_MAIN):
+    """A fork server on tmp_path/fs/s, watching this test's process; its Popen and socket path."""
+    d = tmp_path / "fs"
+    d.mkdir(mode=0o700)
+    sock = d / "s"
+    main = "None" if main_code is None else "ns['main']"
+    code = (f"import runpy; ns = {{}}; exec({main_code or ''!r}, ns)\n"
+            f"fs = runpy.run_path({forkserver.__file__!r})\n"
+            f"fs['serve']({str(sock)!r}, {os.getpid()}, main={main})\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert p.poll() is None, p.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return p, sock
+
+
+def _script(tmp_path) -> Path:
+    return launcher.write(tmp_path / "bin")
+
+
+def test_the_fork_runs_with_the_scripts_arguments_directory_environment_and_streams(tmp_path):
+    srv, sock = _server(tmp_path)
+    try:
+        script = _script(tmp_path)
+        env = {**os.environ, launcher.FORK_ENV: str(sock), "DPFL_TEST_X": "x1"}
+        res = subprocess.run([str(script), "7", "a b"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 7, res.stderr
+        assert res.stdout.strip() == f"ARGV ['7', 'a b'] CWD {tmp_path} X x1"  # via the passed stdout
+        assert res.stderr == ""
+        res = subprocess.run([str(script)], cwd="/", env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 0 and "CWD / X x1" in res.stdout  # a second message: a new fork
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+    assert not sock.exists() and not sock.parent.exists()  # the server cleans up after itself
+
+
+def test_signals_reach_the_fork_and_a_killed_script_takes_it_along(tmp_path):
+    srv, sock = _server(tmp_path)
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        for how, mark in ((signal.SIGTERM, tmp_path / "term"), (signal.SIGKILL, tmp_path / "kill")):
+            p = subprocess.Popen([str(_script(tmp_path)), "sleep", str(mark)], env=env, stdout=subprocess.PIPE,
+                                 text=True)
+            assert p.stdout.readline().startswith("ARGV ['sleep'")  # the fork is running
+            p.send_signal(how)
+            p.wait(timeout=30)
+            deadline = time.monotonic() + 30
+            while not mark.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mark.read_text() == "TERM", how  # the fork got SIGTERM: passed on, or its script gone
+            if how == signal.SIGTERM:
+                assert p.returncode == 3 and p.stdout.read().strip() == "TERM"  # the fork's own status
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def test_a_bad_request_is_refused_in_one_line_and_the_server_goes_on(tmp_path):
+    srv, sock = _server(tmp_path)
+    try:
+        for payload, fds in ((b"\x00\x00\x00\x05hello", [0, 1, 2]), (forkserver.encode_request(["x"], "/", {}), [0]),
+                             (struct.pack("!I", forkserver.MAX_REQUEST + 1), [0, 1, 2])):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(str(sock))
+                socket.send_fds(s, [payload], fds)
+                assert s.recv(4) == b""  # closed: no fork
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        res = subprocess.run([str(_script(tmp_path)), "5"], env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert res.returncode == 5 and res.stdout.startswith("ARGV ['5']")
+    finally:
+        srv.terminate()
+        _, err = srv.communicate(timeout=30)
+    lines = [ln for ln in err.splitlines() if ln.startswith("dpfl fork server: refused a request:")]
+    assert len(lines) == 3, err
+    assert "UTF-8 JSON" in lines[0] and "exactly 3 file descriptors, got 1" in lines[1]
+    assert "over the 1048576-byte limit" in lines[2]
+
+
+def test_dpfl_supernode_starts_a_server_that_ends_with_it(tmp_path):
+    # the real wiring: dpfl-supernode starts the server in a new directory under TMPDIR and names it
+    # in its environment; the SuperNode here tries a SuperLink that is not there until it is killed
+    node = launcher.write_supernode(tmp_path / "bin", 0.5)
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "FLWR_TELEMETRY_ENABLED": "0"}
+    env.pop(launcher.FORK_ENV, None)
+    p = subprocess.Popen([str(node), "--insecure", "--superlink", "127.0.0.1:9", "--max-retries", "1000"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(tmp.glob("dpfl-fork-*/s")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (sock,) = tmp.glob("dpfl-fork-*/s")
+        assert oct(sock.parent.stat().st_mode & 0o777) == "0o700" and oct(sock.stat().st_mode & 0o777) == "0o600"
+        (server,) = [pid for pid in descendants([p.pid]) if "forkserver" in _cmdline(pid)]
+        argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")[:-1]
+        assert argv == [sys.executable, "-P", str(launcher.FORK_SERVER), str(sock), str(p.pid)]
+        res = subprocess.run([str(launcher.write(tmp_path / "bin")), "--bogus"], env={**env, launcher.FORK_ENV: str(sock)},
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 2 and "usage: flwr-clientapp" in res.stderr and "fork server" not in res.stderr
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 30
+    while sock.parent.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not sock.parent.exists()  # the server saw its SuperNode go, and cleaned up
+
+
+def test_without_a_server_the_script_runs_flowers_function_itself(tmp_path):
+    script = _script(tmp_path)
+    (tmp_path / "flwr.py").write_text("print('HIJACKED')\n")  # in the working directory: never imported
+    base = {k: v for k, v in os.environ.items() if k != launcher.FORK_ENV}
+    for env in ({}, {launcher.FORK_ENV: str(tmp_path / "none" / "s")}, {launcher.FORK_ENV: "relative/s"}):
+        res = subprocess.run([str(script), "--help"], env={**base, **env}, capture_output=True, text=True,
+                             timeout=120, check=False, cwd=tmp_path)
+        assert res.returncode == 0 and res.stdout.startswith("usage: flwr-clientapp"), res.stderr
+        assert res.stderr == "" and "HIJACKED" not in res.stdout
+
+
+def test_a_server_that_closes_before_it_forks_leaves_the_script_to_run_flowers_function_once(tmp_path):
+    d = tmp_path / "fake"
+    d.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(d / "s"))
+        srv.listen(1)
+        env = {**os.environ, launcher.FORK_ENV: str(d / "s")}
+        p = subprocess.Popen([str(_script(tmp_path)), "--help"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        conn, _ = srv.accept()
+        (n,) = struct.unpack("!I", conn.recv(4))
+        forkserver._recv_exact(conn, n)
+        conn.close()  # as a server does that refuses the request, or dies before it forks
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and out.count("usage: flwr-clientapp") == 1
+    assert err.strip() == "flwr-clientapp (dpfl): the fork server refused the request"
+
+
+def test_a_request_over_64_kib_arrives_whole(tmp_path):
+    srv, sock = _server(tmp_path)
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock), "DPFL_TEST_X": "y" * 100_000, "DPFL_TEST_PAD": "z" * 100_000}
+        res = subprocess.run([str(_script(tmp_path)), "4"], env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert res.returncode == 4 and res.stdout.strip().endswith("X " + "y" * 100_000)
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def test_exit_status_is_what_sys_exit_gives_a_process(capsys):
+    assert [forkserver.exit_status(c) for c in (None, 0, 7, 256, -1)] == [0, 0, 7, 0, 255]
+    assert forkserver.exit_status("bad thing") == 1 and capsys.readouterr().err == "bad thing\n"
+
+
+def test_the_server_holds_no_random_state_its_forks_would_share():
+    # dpfl's secrets come from the OS (os.urandom); a generator imported into the server would be
+    # copied into every fork: neither torch nor numpy.random may be loaded by Flower's module
+    code = (f"import runpy, sys; fs = runpy.run_path({forkserver.__file__!r}); fs['load_main']()\n"
+            "print(sorted(m for m in ('torch', 'numpy.random', 'dpfl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120, cwd="/").stdout
+    assert out.strip() == "[]"
+    assert launcher.FORK_ENV == forkserver.ENV
+
+
+def test_the_real_server_runs_flowers_clientapp(tmp_path):
+    srv, sock = _server(tmp_path, main_code=None)  # serve() loads Flower's flwr_clientapp
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        t = time.perf_counter()
+        res = subprocess.run([str(_script(tmp_path)), "--bogus"], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 2 and res.stdout == ""
+        assert "usage: flwr-clientapp" in res.stderr and "--token" in res.stderr  # Flower's own parser
+        assert "fork server" not in res.stderr  # served by the fork, not the fallback
+        assert time.perf_counter() - t < 30
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+# ---- the request parser -----------------------------------------------------------------------
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(argv=st.lists(texts, min_size=1, max_size=5), env=st.dictionaries(
+    texts.filter(lambda k: k and "=" not in k), texts, max_size=5))
+def test_a_request_reads_back_as_written(argv, env):
+    data = forkserver.encode_request(argv, "/some/dir", env)
+    assert struct.unpack("!I", data[:4])[0] == len(data) - 4
+    assert forkserver.parse_request(data[4:]) == (argv, "/some/dir", env)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=64), st.builds(lambda o: json.dumps(o).encode(), st.recursive(
+    st.none() | st.booleans() | st.integers() | texts, lambda c: st.lists(c, max_size=3) | st.dictionaries(
+        st.sampled_from(["argv", "cwd", "env", "x"]), c, max_size=4), max_leaves=10))))
+def test_any_other_bytes_are_refused_with_a_value_error(data):
+    try:
+        argv, cwd, env = forkserver.parse_request(data)
+    except ValueError:
+        return
+    assert isinstance(argv, list) and argv and os.path.isabs(cwd) and isinstance(env, dict)
+
+
+@pytest.mark.parametrize("obj, why", [
+    ({"argv": [], "cwd": "/", "env": {}}, "argv must be a list of 1 to"),
+    ({"argv": ["a"], "cwd": "rel", "env": {}}, "cwd must be an absolute path"),
+    ({"argv": ["a"], "cwd": "/", "env": {"A=B": "c"}}, "hold no '='"),
+    ({"argv": ["a\0"], "cwd": "/", "env": {}}, "no NUL"),
+    ({"argv": ["a"], "cwd": "/", "env": {"A": 1}}, "env must map strings to strings"),
+    ({"argv": ["a"], "cwd": "/"}, "exactly the keys argv, cwd and env"),
+])
+def test_each_bad_field_is_named(obj, why):
+    with pytest.raises(ValueError, match=why):
+        forkserver.parse_request(json.dumps(obj).encode())
+
+
+def test_the_server_file_imports_nothing_of_dpfl():
+    # started by its path, so that a ClientApp's own `import dpfl.flower` happens in the fork
+    code = f"import runpy, sys; runpy.run_path({forkserver.__file__!r}); print(sorted(m for m in sys.modules if m.startswith('dpfl')))"
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60, cwd="/").stdout
+    assert out.strip() == "[]"
