@@ -436,6 +436,8 @@ def _best_state(records: Path, e: dict, best: dict[str, dict]) -> tuple[str, dic
 
 
 def _best_text(b: dict) -> str:
+    if b.get("measured") is None:  # a reading started that has not finished a round
+        return f"no round yet, {_rounds(b)}"
     acc = f"diverged ({_divergence(b)})" if b.get("diverged") else f"{b['measured']:.4f} ({b['round']})"
     return acc + (f", Δ {_delta(b)}" if b["complete"] else f", {_rounds(b)}")
 

@@ -262,3 +262,10 @@ def test_the_plan_orders_every_table_thesis_and_not():
     assert sorted(order) == sorted(list_tables())
     assert order.index("table-4.1") < order.index("table-4.2") < order.index("table-6.10")
     assert order.index("table-6.3-fmnist") < order.index("table-6.10") < order.index("correlated-noise")
+
+
+def test_a_reading_that_has_not_finished_a_round_yet_is_shown_as_such(tree):
+    (tree / "best" / TABLE / "f" / "metrics.jsonl").write_text("")  # just started: config, no round yet
+    block = pub.table_block(tree, TABLE, [None], "../records", None)
+    head = [c.strip() for c in block.splitlines()[2].strip("|").split("|")]
+    assert _cells(block, "f")[head.index(pub.BEST_COLUMN)].startswith("not run to full length: [no round yet, 0/3")

@@ -203,9 +203,11 @@ def test_exit_status_is_what_sys_exit_gives_a_process(capsys):
 
 def test_the_server_holds_no_random_state_its_forks_would_share():
     # dpfl's secrets come from the OS (os.urandom); a generator imported into the server would be
-    # copied into every fork: neither torch nor numpy.random may be loaded by Flower's module
+    # copied into every fork: neither torch nor numpy.random may be loaded by Flower's module. And
+    # the phases that do not train load neither torch nor scipy (test_client_startup.py): nor may
+    # the server they are forked from
     code = (f"import runpy, sys; fs = runpy.run_path({forkserver.__file__!r}); fs['load_main']()\n"
-            "print(sorted(m for m in ('torch', 'numpy.random', 'dpfl') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'scipy', 'numpy.random', 'dpfl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
                          timeout=120, cwd="/").stdout
     assert out.strip() == "[]"
