@@ -27,6 +27,7 @@ from dpfl.config import load_config
 from dpfl.engine.evaluate import evaluate
 from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
+from dpfl.errors import BudgetExceededError
 
 SETTING_D = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "settings",
                          "setting-d-fl-std.toml")
@@ -123,6 +124,8 @@ def run_bench(rounds: int = 2, clients: int = 100, clip: float = 1.0, noise_mult
         start[0] = time.process_time()
 
     simulate(run, opacus_round)
+    if not rows:  # the record-level budget stopped the run before its first round
+        raise BudgetExceededError(f"no round to compare: {run.stopped_reason}")
     m = last[0]
     run.flat.load_into(opa.model, opa.w)
     acc_opa = evaluate(opa.model, run.fed.x_test, run.fed.y_test, run.fed.task)["accuracy"]

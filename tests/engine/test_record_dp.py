@@ -367,3 +367,20 @@ def test_noise_drawn_in_threads_is_the_noise_drawn_in_one(tiny_config):
         simulate(sim)
         runs.append(sim.w.clone())
     assert torch.equal(*runs)
+
+
+def test_record_fl_bench_says_so_when_the_budget_stops_it_before_its_first_round(tmp_path):
+    pytest.importorskip("opacus")
+    from rich.console import Console
+
+    from dpfl.bench.record_fl import run_bench
+    from dpfl.errors import BudgetExceededError
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('name = "tiny"\nseed = 3\n[data]\ndataset = "digits"\nn_clients = 20\npartition = "shards"\n'
+                   '[model]\nname = "mlp"\noptions = {in_features = 64, hidden = 16, num_classes = 10}\n'
+                   '[train]\nsteps = 2\nbatch_size = 8\nlr = 0.1\n[train.dpsgd]\ntarget_epsilon = 0.01\n'
+                   '[federation]\nrounds = 1\nclients_per_round = 4\n')
+    with pytest.raises(BudgetExceededError, match="no round to compare: round 1 would exceed "
+                                                  "train.dpsgd.target_epsilon = 0.01"):
+        run_bench(rounds=2, clients=4, noise_multiplier=1.3, config=str(cfg), console=Console(file=io.StringIO()))
