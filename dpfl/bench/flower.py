@@ -66,9 +66,10 @@ PHASES = ("statistic", "train", "sa_keys", "sa_train", "sa_consistency", "sa_unm
 def phase_split(metrics: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean seconds per round of each exchange, over all the rounds (an exchange some rounds lack,
     such as the first round's key sharing, adds its share): its wall time, and the slowest
-    ClientApp's launch (Flower: process start, Flower's imports, FAB install), import (dpfl's
-    client module) and work (the handler, lazy imports included); `flower` = wall − (launch +
-    import + work): polling and transport, Flower's too; `rounds`: in how many rounds it ran."""
+    ClientApp's launch (Flower: process start, Flower's imports, FAB install; with --launcher fork,
+    from the fork on: the script that asked for it is in `flower`), import (dpfl's client module)
+    and work (the handler, lazy imports included); `flower` = wall − (launch + import + work):
+    polling and transport, Flower's too; `rounds`: in how many rounds it ran."""
     out: dict[str, dict[str, float]] = {}
     for ph in PHASES:
         rows = [m for m in metrics if f"flower_{ph}_wall_seconds" in m]
