@@ -138,6 +138,11 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     if accountant is not None:
         sets.append(f'privacy.accountant="{accountant}"')
     results = []
+
+    def skip(row: str, run_dir: Path, e: Exception) -> None:
+        console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
+        results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
+
     for row in chosen:
         run_dir = base / row
         try:
@@ -176,15 +181,13 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
                                       "--overwrite starts it over")
                 job = Run(cfg, run_dir, log=console.print, overwrite=overwrite)
         except (ConfigError, DataError) as e:  # e.g. a scheme refusing the accountant, a refused resume
-            console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
-            results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
+            skip(row, run_dir, e)
             continue
         console.print(f"{row}: {job.scheme.describe()}")
         try:
             s = execute(job, row)
         except ConfigError as e:  # refused by the simulator (e.g. a cohort that cannot fit in memory)
-            console.print(f"[yellow]{row}: skipped: {escape(str(e))}[/yellow]")
-            results.append({"row": row, "summary": {"skipped": str(e)}, "dir": str(run_dir)})
+            skip(row, run_dir, e)
             continue
         results.append({"row": row, "summary": {**s, "rounds_planned": cfg.federation.rounds,
                                                 "rounds_full": full_rounds(table, row)}, "dir": str(run_dir)})

@@ -26,29 +26,17 @@ import sys
 from pathlib import Path
 
 from dpfl.errors import ConfigError
+from dpfl.flower.forkserver import ENV as FORK_ENV
 
 NAME = "flwr-clientapp"
 MARK = "# written by dpfl.flower.launcher"
-FORK_ENV = "DPFL_FORK_SERVER"  # = dpfl.flower.forkserver.ENV (this module's scripts name it)
 FORK_SERVER = Path(__file__).with_name("forkserver.py")
 
-FULL = '''import sys
+FULL = f'''import runpy
+import sys
 sys.argv = sys.argv[1:]  # run as `python -c FULL SCRIPT ARGS...`: argv[0] is the script's path
-import importlib.util
-import os
-
-import flwr.supernode
-
-path = os.path.join(flwr.supernode.__path__[0], "cli", "flwr_clientapp.py")
-if os.path.isfile(path):
-    spec = importlib.util.spec_from_file_location("_flwr_clientapp", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    main = module.flwr_clientapp
-else:
-    from flwr.supernode.cli import flwr_clientapp as main
-sys.exit(main())
+# Flower's flwr_clientapp, loaded as the fork server loads it (forkserver.py: load_main)
+sys.exit(runpy.run_path({str(FORK_SERVER)!r})["load_main"]()())
 '''
 
 SCRIPT = '''#!{python} -S
