@@ -22,6 +22,7 @@ import fcntl
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -139,13 +140,39 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def _watch(conn: socket.socket) -> None:
-    """SIGTERM this process once the script that asked for it is gone (its end of `conn` closes)."""
+def _parent_pid(argv: list[str]) -> int | None:
+    """The SuperExec's pid that Flower passes as `--parent-pid N`, if it does."""
     try:
-        while conn.recv(64):
-            pass
-    except OSError:
-        pass
+        return int(argv[argv.index("--parent-pid") + 1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5) -> None:
+    """SIGTERM this process once the script that asked for it is gone (its end of `conn` closes);
+    SIGINT it, to the whole process, once the SuperExec (`parent`) is gone. Flower's own monitor
+    raises that SIGINT in its monitor thread only, which leaves a main thread blocked in a wait
+    without a timeout (a task pull from a SuperNode killed mid-message) waiting for good."""
+    while True:
+        try:
+            ready, _, _ = select.select([conn], [], [], poll)
+            if ready and not conn.recv(64):
+                break
+        except OSError:
+            break
+        if parent is not None and not _alive(parent):
+            os.kill(os.getpid(), signal.SIGINT)  # process-directed: the main thread's wait is interrupted
+            parent = None
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -166,7 +193,7 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
         os.environ.update(env)
         sys.argv = list(argv)
         conn.sendall(INT.pack(os.getpid()))
-        threading.Thread(target=_watch, args=(conn,), daemon=True).start()
+        threading.Thread(target=_watch, args=(conn, _parent_pid(argv)), daemon=True).start()
         try:
             main()
             code = 0
@@ -181,7 +208,8 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
         for t in threading.enumerate():
             if t is not threading.current_thread() and not t.daemon:
                 t.join()
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # done: the script's end (see _watch) is no news now
+        for sig in (signal.SIGTERM, signal.SIGINT):  # done: the script's or SuperExec's end (_watch) is no news now
+            signal.signal(sig, signal.SIG_IGN)
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -37,6 +37,9 @@ def main():
     print("ARGV", sys.argv[1:], "CWD", os.getcwd(), "X", os.environ.get("DPFL_TEST_X"), flush=True)
     if sys.argv[1:2] == ["sleep"]:
         time.sleep(60)
+    if sys.argv[1:2] == ["block"]:
+        import threading
+        threading.Event().wait()  # no timeout: only a signal to the main thread ends it
     sys.exit(int(sys.argv[1]) if sys.argv[1:2] and sys.argv[1].isdigit() else 0)
 '''
 
@@ -98,6 +101,26 @@ def test_signals_reach_the_fork_and_a_killed_script_takes_it_along(tmp_path):
             if how == signal.SIGTERM:
                 assert p.returncode == 3 and p.stdout.read().strip() == "TERM"  # the fork's own status
     finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def test_a_fork_whose_superexec_is_gone_is_interrupted_even_when_blocked(tmp_path):
+    # Flower's own parent monitor raises SIGINT in its monitor thread only: a main thread blocked in a
+    # wait without a timeout (a task pull from a SuperNode killed mid-message) would never see it
+    srv, sock = _server(tmp_path)
+    superexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        p = subprocess.Popen([str(_script(tmp_path)), "block", "--parent-pid", str(superexec.pid)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().startswith("ARGV ['block'")
+        superexec.kill()
+        superexec.wait()
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 1 and "KeyboardInterrupt" in err
+    finally:
+        superexec.kill()
         srv.terminate()
         srv.wait(timeout=30)
 
