@@ -29,10 +29,10 @@ import torch
 
 from dpfl.audit.canaries import CanarySet
 from dpfl.config import RunConfig
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import Updates, simulate
 from dpfl.errors import ConfigError
 from dpfl.rng import Seeds
+from dpfl.run.state import Run
 from dpfl.schemes.base import RoundContext
 from dpfl.schemes.dp import ClipStep
 

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from dpfl.config import RunConfig
 from dpfl.data.dataset import as_model_input
-from dpfl.engine.run import Federation, Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
+from dpfl.run.state import Federation, Run
 
 
 class RecordCanaryRun(Run):

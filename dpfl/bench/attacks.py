@@ -38,9 +38,9 @@ def run_bench(dataset: str = "fashion-mnist", n_train: int = 2000, n_test: int =
     import numpy as np
 
     from dpfl.attacks.membership import membership_advantage
-    from dpfl.engine.evaluate import evaluate
-    from dpfl.engine.run import Run
     from dpfl.engine.simulator import simulate
+    from dpfl.run.state import Run
+    from dpfl.training.evaluate import evaluate
 
     console = console or Console()
     central = {"sigma": sigma, "noise": "central", "secure_aggregation": False}

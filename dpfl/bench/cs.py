@@ -34,8 +34,8 @@ INSTALL_HINT = "pip install pylbfgs  (OWL-QN [Tay20]; only needed for this bench
 
 def real_updates(n_clients: int, seed: int) -> tuple[torch.Tensor, str]:
     """Updates [n_clients, n] of thesis-CNN clients on Fashion-MNIST (10 images each, 5 SGD steps)."""
-    from dpfl.engine.trainer import LocalTraining, Trainer
     from dpfl.models import build_model
+    from dpfl.training.trainer import LocalTraining, Trainer
 
     model = build_model("cnn", seed=seed)
     need = 10 * n_clients

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
-from dpfl.engine.evaluate import evaluate
-from dpfl.engine.trainer import LocalTraining, Trainer
+from dpfl.training.evaluate import evaluate
+from dpfl.training.trainer import LocalTraining, Trainer
 
 
 def matmul_gflops(device: torch.device, n: int = 4096, reps: int = 5) -> float:

@@ -22,10 +22,10 @@ def compare(config_text: str, workdir: str | None = None, *, tls: bool = True, a
             log=print) -> dict[str, Any]:
     """Run `config_text` over a local federation (seeded: comparable, not private) and in the
     simulator; returns both runs' per-round numbers and whether the final models are equal."""
-    from dpfl.engine.run import Run
     from dpfl.engine.simulator import simulate
     from dpfl.flower.client import parse_run_config
     from dpfl.flower.local import run_local
+    from dpfl.run.state import Run
 
     cfg = parse_run_config(config_text)
     work = workdir or tempfile.mkdtemp(prefix="dpfl-flower-")

@@ -137,9 +137,9 @@ def dp_rounds(device: str = "cpu", rounds: int = 3, names: list[str] | None = No
     """Seconds per round (rounds after the first) for each row of ROUNDS on `device` with all host
     threads, and the noise share where the scheme reports its draw time (dp_noise_seconds)."""
     from dpfl.config import load_config
-    from dpfl.engine.run import Run
     from dpfl.engine.simulator import simulate
     from dpfl.experiments import configs_root
+    from dpfl.run.state import Run
 
     res = {}
     for name in names or list(ROUNDS):

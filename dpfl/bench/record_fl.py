@@ -24,10 +24,10 @@ from rich.console import Console
 from rich.table import Table
 
 from dpfl.config import load_config
-from dpfl.engine.evaluate import evaluate
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import BudgetExceededError
+from dpfl.run.state import Run
+from dpfl.training.evaluate import evaluate
 
 SETTING_D = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "settings",
                          "setting-d-fl-std.toml")

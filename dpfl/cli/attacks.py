@@ -24,7 +24,7 @@ def membership(
 ) -> None:
     """Loss-threshold membership inference (Yeom et al.) on the run's final global model."""
     from dpfl.attacks.membership import membership_advantage
-    from dpfl.engine.final_model import load_final_model
+    from dpfl.run.final_model import load_final_model
 
     try:
         model, fed, cfg = load_final_model(run_dir)  # the members: the clients' original data

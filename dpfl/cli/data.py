@@ -164,8 +164,8 @@ def _config(config: str):
 
 def _federation(cfg):
     """The configured dataset, partitioned as `dpfl run` does."""
-    from dpfl.engine.run import build_federation
     from dpfl.rng import Seeds
+    from dpfl.run.state import build_federation
 
     return build_federation(cfg, Seeds(cfg.seed))
 

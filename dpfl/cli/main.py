@@ -157,8 +157,8 @@ def run(
 ) -> None:
     """Run a federated experiment (or resume one)."""
     from dpfl.config import load_config
-    from dpfl.engine.run import Run
     from dpfl.errors import ConfigError
+    from dpfl.run.state import Run
 
     try:
         if resume is not None:
@@ -197,8 +197,8 @@ def quickstart(
 ) -> None:
     """The one-minute tour: FL-STD, then client-level DP with secure aggregation, on the default dataset."""
     from dpfl.config import load_config
-    from dpfl.engine.run import Run
     from dpfl.experiments.report import load_run
+    from dpfl.run.state import Run
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     done = []

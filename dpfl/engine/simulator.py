@@ -1,4 +1,4 @@
-"""The simulator: the driver of a `Run` (dpfl.engine.run) whose clients train in this process —
+"""The simulator: the driver of a `Run` (dpfl.run.state) whose clients train in this process —
 rounds of selection → local training → client chain → transport → aggregation → server chain →
 model update, then what every round ends with (`Run.end_round`, evaluation, metrics, checkpoints).
 
@@ -16,9 +16,8 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from dpfl.engine.run import Run, available_memory
-from dpfl.engine.trainer import ClientDP
 from dpfl.errors import BudgetExceededError, ConfigError, RunStopped
+from dpfl.run.state import Run, available_memory
 from dpfl.schemes.base import RoundContext, Step
 from dpfl.schemes.round import (
     batch_plan,
@@ -27,6 +26,7 @@ from dpfl.schemes.round import (
     run_round,
 )
 from dpfl.schemes.sampling import local_positions, poisson_positions
+from dpfl.training.trainer import ClientDP
 
 
 class StopRequest:

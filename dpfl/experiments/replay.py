@@ -45,8 +45,8 @@ def _comparable(m: dict[str, Any]) -> dict[str, Any]:
 def rerun(run_dir: Path, rounds: int) -> list[dict[str, Any]]:
     """The first `rounds` metrics lines of the row in `run_dir`, run afresh from its config.toml."""
     from dpfl.config import load_config
-    from dpfl.engine.run import Run
     from dpfl.engine.simulator import simulate
+    from dpfl.run.state import Run
 
     cfg = load_config(run_dir / "config.toml")
     got: list[dict[str, Any]] = []
@@ -85,7 +85,7 @@ def _commit(e: dict[str, Any]) -> str:
 
 def code_note(code: list[dict[str, Any]] | None) -> str:
     """Which code made the record, beside the code replaying it: a difference may be a change of code."""
-    from dpfl.engine.run import code_version
+    from dpfl.run.state import code_version
 
     now = _commit(code_version())
     if not code:

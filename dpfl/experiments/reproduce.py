@@ -130,7 +130,7 @@ def reproduce_table(table: str, rows: list[str], rounds: int | None, out: Path, 
     if report_only:
         return report_table(table, thesis, chosen, base, console, wide)
     from dpfl.config import load_config
-    from dpfl.engine.run import CHECKPOINT, Run, is_run_dir
+    from dpfl.run.state import CHECKPOINT, Run, is_run_dir
 
     sets = list(overrides)
     if rounds is not None:

@@ -69,7 +69,7 @@ from dpfl.secagg import keys as kx
 
 _IMPORTED = time.time()
 
-# The training code (torch, the engine, the schemes) is imported only by the handlers that
+# The training code (torch, training, the schemes) is imported only by the handlers that
 # train: a ClientApp process serves one message, and the masking and unmasking phases need
 # none of it.
 

@@ -1,7 +1,7 @@
 """The server side of a deployed run: the scheme's round (`dpfl.schemes.round.run_round`), with
 the client work done remotely.
 
-`Coordinator` drives a `dpfl.engine.run.Run` (model, scheme, selection, ledger, evaluation, the run
+`Coordinator` drives a `dpfl.run.state.Run` (model, scheme, selection, ledger, evaluation, the run
 directory), the object the simulator drives too, through the same round (`run_round`), with `send`
 reaching the clients by messages:
 
@@ -52,7 +52,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from dpfl.config import RunConfig
-from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, Run
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.flower import certs, wire
 from dpfl.flower.client import SHARE_SHAPE
@@ -64,6 +63,7 @@ from dpfl.flower.node import (
     round_secagg,
     round_values,
 )
+from dpfl.run.state import CHECKPOINT, CONFIG, METRICS, Run
 from dpfl.schemes.base import Received, RoundContext, Step
 from dpfl.schemes.round import batch_plan, run_round
 from dpfl.secagg import keys as kx

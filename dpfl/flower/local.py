@@ -418,7 +418,7 @@ def raise_if_unfinished(workdir: str | Path, log_text: str = "", rounds: int | N
     reason); FederationError with the reason if every round aborted."""
     import json
 
-    from dpfl.engine.run import SUMMARY
+    from dpfl.run.state import SUMMARY
 
     work = Path(workdir).absolute()
     out, logs = work / "out", work / "federation" / "logs"
@@ -468,10 +468,10 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     """
     import json
 
-    from dpfl.engine import checkpoint as ckpt
-    from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, SUMMARY
     from dpfl.flower.appdir import write_app
     from dpfl.flower.client import parse_run_config
+    from dpfl.run import checkpoint as ckpt
+    from dpfl.run.state import CHECKPOINT, CONFIG, METRICS, SUMMARY
 
     work = Path(workdir).absolute()
     out = work / "out"

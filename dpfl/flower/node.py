@@ -25,11 +25,10 @@ import numpy as np
 import torch
 
 from dpfl.config import RunConfig
-from dpfl.engine.run import configured_scheme, first_output, hash_tensors, scheme_env
-from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, DataError, ProtocolError
 from dpfl.flower.certs import signing_files, site_key
 from dpfl.rng import CryptoRNG, Seeds, derive_key
+from dpfl.run.state import configured_scheme, first_output, hash_tensors, scheme_env
 from dpfl.schemes.base import RoundContext, SetupContext, Transport
 from dpfl.schemes.registry import Scheme
 from dpfl.schemes.round import check_dpsgd, client_chain, local_plan, statistic_step
@@ -38,6 +37,7 @@ from dpfl.schemes.secure_sum import SecAggTransport
 from dpfl.secagg import ring
 from dpfl.secagg.graph import default_threshold
 from dpfl.secagg.protocol import RoundConfig
+from dpfl.training.trainer import ClientDP, LocalTraining, Trainer
 
 DATA_MAC_DOMAIN = b"dpfl site data v2;"  # then the run's salt, then the arrays
 
@@ -69,7 +69,7 @@ def distributed_correlated(scheme: Scheme) -> bool:
 
 
 def build_run_scheme(cfg: RunConfig, n_params: int) -> Scheme:
-    """The configured scheme, built as the server's `Run` builds it (`engine.run.scheme_env`)."""
+    """The configured scheme, built as the server's `Run` builds it (`run.state.scheme_env`)."""
     return configured_scheme(cfg, scheme_env(cfg, n_params))
 
 
@@ -223,7 +223,7 @@ _federations: dict[str, Any] = {}
 def federation(cfg: RunConfig):
     """The configured dataset, partitioned with the config seed exactly as the simulator does
     (kept per process: several in-process clients share one copy)."""
-    from dpfl.engine.run import build_federation
+    from dpfl.run.state import build_federation
 
     key = repr((cfg.seed, cfg.data.model_dump(), cfg.run.device))
     if key not in _federations:
@@ -333,7 +333,7 @@ class LocalClient:
         (examples, correct predictions, summed loss); n = 0 without held-out data."""
         if self.x_test is None or not len(self.y_test):
             return {"n": 0, "correct": 0, "loss_sum": 0.0}
-        from dpfl.engine.evaluate import evaluate_counts
+        from dpfl.training.evaluate import evaluate_counts
 
         self.trainer.flat.load_into(self.trainer.model, w)
         return evaluate_counts(self.trainer.model, self.x_test, self.y_test, self.task, self.cfg.eval.batch_size)

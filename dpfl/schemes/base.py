@@ -57,8 +57,8 @@ class SetupContext:
     seeds: Seeds
     device: torch.device
     initial_params: torch.Tensor  # flat w_0
-    model: Any = None  # nn.Module (structure only; use engine helpers to evaluate)
-    trainer: Any = None  # engine trainer, to run local training on public data
+    model: Any = None  # nn.Module (structure only; dpfl.training evaluates)
+    trainer: Any = None  # dpfl.training.Trainer, to run local training on public data
     public_data: Any = None  # (x, y) tensors the server may use, or None
     clients: Any = None  # the federation's client datasets (for non-private heuristics)
     n_clients: int = 0
@@ -112,7 +112,7 @@ class ClientPlan:
 
     start: torch.Tensor | None = None  # [k, n] per-client starting points (Δw is measured from them)
     mask: torch.Tensor | None = None  # bool [k, n]: coordinates each client may change
-    grad_hook: Any = None  # dpfl.engine.trainer.GradHook: per-step in-place change of the loss gradients
+    grad_hook: Any = None  # dpfl.training.trainer.GradHook: per-step in-place change of the loss gradients
 
 
 class Step:

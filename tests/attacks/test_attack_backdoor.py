@@ -6,10 +6,10 @@ import torch
 from attack_helpers import tiny_config
 
 from dpfl.attacks.backdoor import predict
-from dpfl.engine.run import Run, build_federation
 from dpfl.engine.simulator import Simulator
 from dpfl.errors import ConfigError, DataError
 from dpfl.rng import Seeds
+from dpfl.run.state import Run, build_federation
 
 
 def sim_with(attack, **kw):

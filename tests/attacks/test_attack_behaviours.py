@@ -8,9 +8,9 @@ from scipy import stats
 
 from dpfl.attacks.registry import build_attack
 from dpfl.config import AttackConfig
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import Simulator
 from dpfl.errors import ConfigError
+from dpfl.run.state import Run
 
 
 def attack(name, fraction=0.2, mode="fixed", **options):
@@ -177,7 +177,7 @@ def test_gradient_ascent_colluders_send_one_update_from_the_union_of_their_data(
                             torch.tensor([-1.0]))
     torch.testing.assert_close(u[bad][0], 10.0 * ref[0])
     # ascent: the pooled loss goes up along the attackers' update, down along an honest one
-    from dpfl.engine.evaluate import evaluate
+    from dpfl.training.evaluate import evaluate
 
     x, y = sim.fed.x[pool], sim.fed.y[pool]
 

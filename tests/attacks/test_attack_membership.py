@@ -67,8 +67,8 @@ def test_overfit_model_leaks_membership_and_untrained_model_does_not():
 
 def test_membership_from_a_run_directory_and_the_cli(tmp_path):
     from dpfl.cli.attacks import app
-    from dpfl.engine.run import Run
     from dpfl.engine.simulator import simulate
+    from dpfl.run.state import Run
 
     out = tmp_path / "run"
     simulate(Run(tiny_config(rounds=2), out, log=lambda s: None))

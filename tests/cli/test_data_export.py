@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from dpfl.cli.main import app
 from dpfl.config import load_config
 from dpfl.data import load_site_data, site_test_split
-from dpfl.engine.run import build_federation
 from dpfl.rng import Seeds
+from dpfl.run.state import build_federation
 
 TINY = """name = "tiny"
 seed = 3

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from dpfl.config import load_config
-from dpfl.engine.evaluate import evaluate
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.rng import Seeds
+from dpfl.run.state import Run
 from dpfl.schemes.base import RoundContext
 from dpfl.schemes.secure_sum import SecAggTransport
+from dpfl.training.evaluate import evaluate
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -7,7 +7,7 @@ import pytest
 
 PROBE = """
 import ctypes, numpy as np
-from dpfl.engine.memory import keep_freed_memory
+from dpfl.training.memory import keep_freed_memory
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -42,8 +42,8 @@ def test_keep_freed_memory_serves_large_blocks_from_the_heap_and_keeps_them(sett
 
 
 def test_an_unknown_setting_is_an_error(monkeypatch):
-    from dpfl.engine.memory import keep_freed_memory
     from dpfl.errors import ConfigError
+    from dpfl.training.memory import keep_freed_memory
 
     monkeypatch.setenv("DPFL_KEEP_FREED_MEMORY", "yes")
     with pytest.raises(ConfigError, match="must be 0 or 1, got 'yes'"):

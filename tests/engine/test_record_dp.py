@@ -11,15 +11,15 @@ import torch.nn.functional as F
 
 from dpfl.config import load_config
 from dpfl.dpsgd.core import clipped_grad_sum
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import Simulator, simulate
-from dpfl.engine.trainer import ClientDP, LocalTraining, Trainer
 from dpfl.errors import BudgetExceededError, ConfigError, PrivacyError
 from dpfl.models import build_model
 from dpfl.privacy import rdp as R
 from dpfl.privacy.record import RecordAccountant
 from dpfl.rng import Seeds
+from dpfl.run.state import Run
 from dpfl.schemes.sampling import poisson_positions
+from dpfl.training.trainer import ClientDP, LocalTraining, Trainer
 
 ORDERS = R.DEFAULT_ORDERS[::10]  # fractional and integer orders; dp-accounting is slow per order
 DP = {"clip": 1.0, "noise_multiplier": 1.1}

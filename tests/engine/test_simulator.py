@@ -8,9 +8,9 @@ import torch
 from typer.testing import CliRunner
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import Simulator, simulate
 from dpfl.errors import ConfigError
+from dpfl.run.state import Run
 from dpfl.schemes.sampling import drop, local_positions, select_fixed, select_poisson
 
 TIME_KEYS = ("train_seconds", "eval_seconds", "round_seconds")
@@ -66,18 +66,18 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     import subprocess
 
     import dpfl
-    from dpfl.engine import checkpoint as ckpt
-    from dpfl.engine import run as simulator  # the run's bookkeeping: code versions, where it ran
     from dpfl.errors import DataError
+    from dpfl.run import checkpoint as ckpt
+    from dpfl.run import state  # the run's bookkeeping: code versions, where it ran
 
     cfg = tiny_config(**{"federation.rounds": 4, "run.checkpoint_every": 2})
     full = Run(cfg, tmp_path / "full", log=lambda s: None)
     simulate(full)
     code = json.loads((tmp_path / "full" / "summary.json").read_text())["code"]
-    here = simulator.ran_on(simulator.torch.device("cpu"))
-    assert code == [{**simulator.code_version(), "ran_on": here, "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
+    here = state.ran_on(state.torch.device("cpu"))
+    assert code == [{**state.code_version(), "ran_on": here, "from_round": 1}] and code[0]["dpfl"] == dpfl.__version__
     assert here.startswith("cpu: ")
-    root = simulator.Path(dpfl.__file__).resolve().parent.parent
+    root = state.Path(dpfl.__file__).resolve().parent.parent
     if (root / ".git").exists():
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
         assert code[0]["commit"] == head.stdout.strip() and isinstance(code[0]["modified"], bool)
@@ -87,12 +87,12 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
             raise KeyboardInterrupt
 
     other = {"dpfl": "9.9", "commit": "f" * 40, "modified": False}
-    for name, version, at in (("same", simulator.code_version(), here), ("other", other, here),
-                              ("elsewhere", simulator.code_version(), "cuda: a GPU on a CPU (AVX512)")):
+    for name, version, at in (("same", state.code_version(), here), ("other", other, here),
+                              ("elsewhere", state.code_version(), "cuda: a GPU on a CPU (AVX512)")):
         with pytest.raises(KeyboardInterrupt):
             simulate(Run(cfg, tmp_path / name, log=lambda s: None), stop_at_3)  # checkpoint at round 2
-        monkeypatch.setattr(simulator, "code_version", lambda v=version: dict(v))
-        monkeypatch.setattr(simulator, "ran_on", lambda d, at=at: at)
+        monkeypatch.setattr(state, "code_version", lambda v=version: dict(v))
+        monkeypatch.setattr(state, "ran_on", lambda d, at=at: at)
         simulate(Run.resume(tmp_path / name, log=lambda s: None))
         monkeypatch.undo()
         got = json.loads((tmp_path / name / "summary.json").read_text())["code"]
@@ -109,8 +109,8 @@ def test_the_summary_names_the_code_that_ran_each_part_of_a_resumed_run(tmp_path
     ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
     sim = Run.resume(tmp_path / "full", log=lambda s: None, rounds=5)
     assert sim.code == [{"dpfl": None, "commit": None, "modified": None, "from_round": 1},
-                        {**simulator.code_version(), "ran_on": here, "from_round": 5}]
-    st["code"] = [{**simulator.code_version(), "ran_on": 3, "from_round": 1}]  # not a line of text
+                        {**state.code_version(), "ran_on": here, "from_round": 5}]
+    st["code"] = [{**state.code_version(), "ran_on": 3, "from_round": 1}]  # not a line of text
     ckpt.save(st, tmp_path / "full" / "checkpoint.pt")
     with pytest.raises(DataError, match="'code' must be a list of code versions"):
         Run.resume(tmp_path / "full", log=lambda s: None, rounds=5)

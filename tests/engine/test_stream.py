@@ -4,8 +4,8 @@ the round equals the one that puts the pieces back together."""
 import torch
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import Simulator
+from dpfl.run.state import Run
 
 
 def _sim(streams: bool, max_cohort: int = 6, attack: dict | None = None) -> Run:

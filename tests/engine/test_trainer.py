@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpfl.engine.cohort import CohortModel
-from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.models import build_model
+from dpfl.training.cohort import CohortModel
+from dpfl.training.trainer import LocalTraining, Trainer
 
 
 def reference_updates(model, w, x, y, batches, lr, optimizer="sgd", mask=None, sign=None, loss="ce"):
@@ -131,7 +131,7 @@ def test_chunked_cohort_equals_whole():
 def test_pool_before_relu_rewrite_is_exact_in_values_and_gradients():
     """The fx graph runs MaxPool2d before ReLU (4× less ReLU work); outputs and every client's
     gradient must equal the plain ReLU → pool module bit for bit, ties and negatives included."""
-    from dpfl.engine.cohort import _traceable
+    from dpfl.training.cohort import _traceable
 
     model = build_model("cnn", seed=0)
     gm = _traceable(model)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError, DataError
+from dpfl.run.state import Run
 
 QUIET = {"log": lambda s: None}
 LOCAL_DP = {"scheme.name": "fl-std-dp", "scheme.options": {"sigma": 1.0, "clip": 1.0, "noise": "local"},
@@ -35,7 +35,7 @@ def _run(tmp_path, tiny_config, name="run", **over):
 
 
 def test_checkpoint_that_runs_code_is_refused(tmp_path, tiny_config):
-    from dpfl.engine.final_model import load_final_model
+    from dpfl.run.final_model import load_final_model
 
     _run(tmp_path, tiny_config, **{"federation.rounds": 1})
     marker = tmp_path / "code-ran"
@@ -49,7 +49,7 @@ def test_checkpoint_that_runs_code_is_refused(tmp_path, tiny_config):
 
 
 def test_checkpoint_holds_plain_data_and_resumes_numpy_state(tmp_path, tiny_config):
-    from dpfl.engine import checkpoint as ckpt
+    from dpfl.run import checkpoint as ckpt
 
     # local noise keeps numpy participation counts: stored as plain tensors, rebuilt as numpy on load
     sim = _run(tmp_path, tiny_config, **LOCAL_DP)
@@ -61,7 +61,7 @@ def test_checkpoint_holds_plain_data_and_resumes_numpy_state(tmp_path, tiny_conf
 
 
 def test_plain_round_trip_and_non_plain_refused(tmp_path):
-    from dpfl.engine import checkpoint as ckpt
+    from dpfl.run import checkpoint as ckpt
 
     state = {"a": np.arange(5, dtype=np.uint16), "b": np.float32(0.1), "c": [1, "x", None, (2.5, torch.ones(2))]}
     ckpt.save(state, tmp_path / "c.pt")
@@ -77,7 +77,7 @@ def test_plain_round_trip_and_non_plain_refused(tmp_path):
 def test_old_format_checkpoint_is_migrated_without_running_code(tmp_path, tiny_config):
     """Checkpoints written before the plain format pickled numpy arrays; they still load (numpy's
     array types allow-listed, weights_only kept) and are rewritten in the new format."""
-    from dpfl.engine import checkpoint as ckpt
+    from dpfl.run import checkpoint as ckpt
 
     sim = _run(tmp_path, tiny_config, **LOCAL_DP)
     old = sim.state_dict()
@@ -106,7 +106,7 @@ def test_corrupt_checkpoint_names_the_file(tmp_path, tiny_config, damage):
     elif damage == "not-a-dict":
         torch.save([1, 2], path)
     else:
-        from dpfl.engine import checkpoint as ckpt
+        from dpfl.run import checkpoint as ckpt
 
         st = ckpt.load(path)
         st["w"] = st["w"][:-1]
@@ -166,7 +166,7 @@ def _default_data(root):
 
 
 def test_run_records_its_data_and_resume_on_other_data_refuses(tmp_path, tiny_config):
-    from dpfl.engine import checkpoint as ckpt
+    from dpfl.run import checkpoint as ckpt
 
     root = tmp_path / "data"
     root.mkdir()

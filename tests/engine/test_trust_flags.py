@@ -201,8 +201,8 @@ def test_a_cohort_that_cannot_fit_in_memory_is_one_line_naming_max_cohort(monkey
     A scheme whose round needs all rows at once is not told to split (its pieces would be put back together)."""
     from dpfl.config import load_config
     from dpfl.engine import simulator
-    from dpfl.engine.run import Run
     from dpfl.errors import ConfigError
+    from dpfl.run.state import Run
 
     def cfg(scheme, **extra):
         return load_config(data={"name": "mem", "data": {"dataset": "digits", "n_clients": 10},

@@ -11,11 +11,11 @@ import pytest
 from rich.console import Console
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments import publish as pub
 from dpfl.experiments.reproduce import table_rows
+from dpfl.run.state import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -453,7 +453,7 @@ def test_record_tables_sort_thesis_tables_by_number_then_named_ones(tmp_path):
 def test_a_cut_short_rows_sampling_is_the_runs(options, fed, privacy):
     """Without a summary, the table's sampling cell follows the rule the run's ε uses."""
     from dpfl.config import load_config
-    from dpfl.engine.run import Run
+    from dpfl.run.state import Run
 
     cfg = load_config(data={"name": "x", "data": {"dataset": "digits", "n_clients": 20, "partition": "shards"},
                             "model": {"name": "mlp", "options": {"in_features": 64, "hidden": 8, "num_classes": 10}},

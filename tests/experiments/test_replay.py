@@ -8,10 +8,10 @@ import torch
 from rich.console import Console
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments.replay import replay
+from dpfl.run.state import Run
 
 
 def _tiny(name):
@@ -40,7 +40,7 @@ def test_a_faithful_record_replays_the_same_and_an_edited_one_does_not(tmp_path)
     out = replay(records, "all", 2, quiet)
     assert out[0]["diffs"] == [] and len(out[1]["diffs"]) == 1 and "round 2 up_bytes" in out[1]["diffs"][0]
     # a difference is printed with the code that made the record beside the code replaying it
-    from dpfl.engine.run import code_version, ran_on
+    from dpfl.run.state import code_version, ran_on
 
     assert out[1]["code"] == [{**code_version(), "ran_on": ran_on(torch.device("cpu")), "from_round": 1}]
     assert f"the record ran at commit {code_version()['commit'] or 'unknown'}" in quiet.file.getvalue()

@@ -7,12 +7,12 @@ import pytest
 from rich.console import Console
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments.report import best_round, load_run
 from dpfl.experiments.reproduce import reproduce_table, table_rows
 from dpfl.privacy import ACCOUNTANTS
+from dpfl.run.state import Run
 
 RECORDS = Path(__file__).resolve().parents[2] / "records"
 

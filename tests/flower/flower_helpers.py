@@ -10,9 +10,9 @@ import tomli_w
 
 from dpfl.config import load_config
 from dpfl.engine import simulator
-from dpfl.engine.run import Run
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
+from dpfl.run.state import Run
 from dpfl.schemes.base import RoundContext
 
 # 3 clients of the 8x8 digits, a 64-16-10 MLP; the simulator's sequential engine trains one
@@ -72,8 +72,8 @@ def site_files(data: dict, root, formats: tuple[str, ...] = ("csv", "npz", "npz"
     from pathlib import Path
 
     from dpfl.data import site_test_split, write_site_data
-    from dpfl.engine.run import build_federation
     from dpfl.rng import Seeds
+    from dpfl.run.state import build_federation
 
     cfg = load_config(data=data)
     fed = build_federation(cfg, Seeds(cfg.seed))
@@ -95,7 +95,7 @@ def held_out_counts(data: dict, w) -> dict:
     import torch
 
     from dpfl.data import site_test_split
-    from dpfl.engine.evaluate import evaluate_counts
+    from dpfl.training.evaluate import evaluate_counts
 
     sim = Run(load_config(data=data), None, log=lambda s: None)
     idx = torch.from_numpy(__import__("numpy").concatenate(

@@ -22,7 +22,8 @@ from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "scipy", "sklearn", "matplotlib", "dpfl.engine", "dpfl.schemes", "dpfl.models", "dpfl.data")
+HEAVY = ("torch", "scipy", "sklearn", "matplotlib", "dpfl.engine", "dpfl.run", "dpfl.training", "dpfl.schemes",
+         "dpfl.models", "dpfl.data")
 
 _SCRIPT = """
 import json, pickle, sys
@@ -30,7 +31,8 @@ from dpfl.flower.client import HANDLERS
 kind, content, state, node_config, run_config = pickle.load(open(sys.argv[1], "rb"))
 HANDLERS[kind](content, state, node_config, run_config)
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "scipy", "sklearn", "matplotlib")
-                        or m.startswith(("dpfl.engine", "dpfl.schemes", "dpfl.models", "dpfl.data")))))
+                        or m.startswith(("dpfl.engine", "dpfl.run", "dpfl.training", "dpfl.schemes",
+                                                      "dpfl.models", "dpfl.data")))))
 """
 
 

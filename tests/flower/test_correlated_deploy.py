@@ -11,14 +11,14 @@ import torch
 from flower_helpers import config, loopback, node_configs, require_row_contract, simulate
 
 from dpfl.config import load_config
-from dpfl.engine import checkpoint as ckpt
-from dpfl.engine.run import CHECKPOINT
 from dpfl.errors import ConfigError
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
 from dpfl.flower.node import OsSeeds
 from dpfl.privacy.correlated import TreeNoise
 from dpfl.privacy.factorization import build
+from dpfl.run import checkpoint as ckpt
+from dpfl.run.state import CHECKPOINT
 
 ROUNDS = 4
 # noise far above the updates (σ = 20, S = 0.5): the model's move is almost all noise

@@ -16,9 +16,9 @@ import tomli_w
 import torch
 from flower_helpers import SIGN_DP, config, held_out_counts, require_row_contract, simulate, site_files
 
-from dpfl.engine.run import RUN_FILES, SUMMARY
 from dpfl.flower.appdir import write_app
 from dpfl.flower.local import FederationError, LocalFederation, raise_if_unfinished, run_local
+from dpfl.run.state import RUN_FILES, SUMMARY
 
 TOLERANT = {"name": "fl-sign-dp", "options": {**SIGN_DP["options"], "tolerate": 1}}
 

@@ -22,12 +22,12 @@ from flower_helpers import (
 
 import dpfl.data
 from dpfl.config import load_config
-from dpfl.engine import checkpoint as ckpt
-from dpfl.engine.run import CHECKPOINT, CONFIG, METRICS, RUN_FILES, SUMMARY
 from dpfl.errors import ConfigError, DataError
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
 from dpfl.flower.node import LocalClient, NodeSettings
+from dpfl.run import checkpoint as ckpt
+from dpfl.run.state import CHECKPOINT, CONFIG, METRICS, RUN_FILES, SUMMARY
 
 
 def _sites(data: dict, files: dict[int, dict]) -> Loopback:

@@ -57,7 +57,7 @@ def test_deployment_needs_an_explicit_noise_multiplier():
 def test_fsvrg_with_record_dp_is_refused_before_a_client_sends_its_raw_gradient():
     """FSVRG's clients send ∇f_k(w_t) of their data before training: DP-SGD would not cover it.
     The server refuses the config, and so does each client on its own (it builds its scheme first)."""
-    from dpfl.engine.run import Run
+    from dpfl.run.state import Run
 
     cfg = load_config(data=config({"name": "fsvrg"}, train=DP))
     with pytest.raises(ConfigError, match="without DP-SGD noise"):

@@ -10,10 +10,10 @@ import pytest
 from flower_helpers import config, site_files
 
 from dpfl.config import load_config
-from dpfl.engine.run import hash_tensors
 from dpfl.errors import ConfigError
 from dpfl.flower import certs
 from dpfl.flower.node import LocalClient, NodeSettings
+from dpfl.run.state import hash_tensors
 
 
 def test_a_site_key_is_made_once_private_and_kept(tmp_path):

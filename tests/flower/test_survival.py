@@ -22,10 +22,10 @@ from flower_helpers import (
 )
 
 from dpfl.config import load_config
-from dpfl.engine.run import CHECKPOINT, METRICS, RUN_FILES, SUMMARY
 from dpfl.errors import ConfigError
 from dpfl.flower.coordinator import Coordinator
 from dpfl.flower.loopback import Loopback
+from dpfl.run.state import CHECKPOINT, METRICS, RUN_FILES, SUMMARY
 
 TOLERANT = {"name": "fl-sign-dp", "options": {**SIGN_DP["options"], "tolerate": 1}}
 

@@ -11,10 +11,10 @@ import torch
 from scipy.stats import norm as normal
 
 from dpfl.config import PrivacyConfig, load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError, ProtocolError
 from dpfl.privacy import Ledger, SampledGaussianEvent, calibrate_sigma, epsilon_for
+from dpfl.run.state import Run
 from dpfl.schemes.dp import AdaptiveClipStep, GaussianNoiseStep, adaptive_update_sigma, joint_sigma
 from dpfl.schemes.registry import build_scheme
 

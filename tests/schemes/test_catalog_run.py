@@ -8,10 +8,10 @@ import pytest
 
 from dpfl.compression.subset import count_for_ratio
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.experiments.reproduce import list_tables, table_rows
+from dpfl.run.state import Run
 
 
 def _cfg(scheme, rounds=12, **opts):

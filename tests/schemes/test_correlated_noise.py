@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dpfl.config import PrivacyConfig, load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError, DataError
 from dpfl.privacy import factorization as F
+from dpfl.run.state import Run
 from dpfl.schemes.dp import ClipStep, CorrelatedNoiseStep
 from dpfl.schemes.registry import build_scheme
 from dpfl.secagg import RoundAborted

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.privacy import (
@@ -17,6 +16,7 @@ from dpfl.privacy import (
     calibrate_sigma,
     epsilon_for,
 )
+from dpfl.run.state import Run
 
 TIMING = ("train_seconds", "eval_seconds", "round_seconds", "step_secagg_seconds", "step_dp_noise_seconds")
 

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.privacy import epsilon_for, epsilon_without_replacement
+from dpfl.run.state import Run
 
 
 def _cfg(scheme="fl-std-dp", rounds=2, accountant="moments", privacy=None, federation=None, **opts):

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from dpfl.compression.subset import random_subset
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.privacy import PureDPEvent
+from dpfl.run.state import Run
 from dpfl.schemes.sensitivity import dp_quantile, quantile_utility
 
 LR = 0.1

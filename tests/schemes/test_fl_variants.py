@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import Simulator, simulate
-from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import ConfigError
 from dpfl.models import build_model
+from dpfl.run.state import Run
 from dpfl.schemes.sampling import local_positions
+from dpfl.training.trainer import LocalTraining, Trainer
 
 
 def _cfg(scheme, rounds=12, partition="shards", checkpoint_every=10, lr=0.3, **opts):

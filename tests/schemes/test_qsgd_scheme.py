@@ -9,10 +9,10 @@ import pytest
 
 from dpfl.compression.qsgd import QSGDCodec
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
 from dpfl.privacy import GaussianEvent, Ledger, epsilon_for
+from dpfl.run.state import Run
 from dpfl.schemes import catalog_qsgd
 
 N_PARAMS = 64 * 32 + 32 + 32 * 10 + 10  # the MLP below

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from dpfl.cli.main import app
 from dpfl.config import load_config
-from dpfl.engine.run import Run
 from dpfl.engine.simulator import simulate
 from dpfl.errors import ConfigError
+from dpfl.run.state import Run
 from dpfl.schemes.aggregators import MeanAggregator
 from dpfl.schemes.dp import ClipStep, clip_rows
 from dpfl.schemes.registry import build_scheme

@@ -2,10 +2,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.schemes.aggregators import MeanAggregator
 from dpfl.schemes.topk import TopKStep
 from dpfl.schemes.transport import PlainTransport
+from dpfl.training.trainer import LocalTraining, Trainer
 
 
 def tiny_model():

@@ -28,13 +28,10 @@ import torch
 from pydantic import ValidationError
 
 from dpfl.config import RESUME_RESOURCES, RunConfig, dump_config, load_config
-from dpfl.engine import checkpoint as ckpt
-from dpfl.engine.evaluate import evaluate
-from dpfl.engine.memory import keep_freed_memory
-from dpfl.engine.trainer import LocalTraining, Trainer
 from dpfl.errors import ConfigError, DataError
 from dpfl.privacy import participation
 from dpfl.rng import Seeds
+from dpfl.run import checkpoint as ckpt
 from dpfl.schemes.base import RoundContext, SetupContext
 from dpfl.schemes.registry import Scheme, build_scheme
 from dpfl.schemes.round import (
@@ -43,6 +40,9 @@ from dpfl.schemes.round import (
     empty_totals,
 )
 from dpfl.schemes.sampling import drop, select_fixed, select_poisson
+from dpfl.training.evaluate import evaluate
+from dpfl.training.memory import keep_freed_memory
+from dpfl.training.trainer import LocalTraining, Trainer
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"

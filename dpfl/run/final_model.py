@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from dpfl.config import RunConfig, load_config
-from dpfl.engine import checkpoint
-from dpfl.engine.run import CHECKPOINT, CONFIG, build_federation, device
 from dpfl.errors import ConfigError, DataError
 from dpfl.models import build_model
 from dpfl.models.flat import FlatParams
 from dpfl.rng import Seeds
+from dpfl.run import checkpoint
+from dpfl.run.state import CHECKPOINT, CONFIG, build_federation, device
 
 
 def load_final_model(run_dir: str | Path) -> tuple[nn.Module, Any, RunConfig]:

@@ -10,10 +10,10 @@ from torch import nn
 
 from dpfl.data.dataset import as_model_input
 from dpfl.dpsgd.core import clipped_grad_sum
-from dpfl.engine.cohort import CohortModel, LowRank
 from dpfl.errors import ConfigError
 from dpfl.rng import CryptoRNG, gaussian_rows
 from dpfl.threads import for_each
+from dpfl.training.cohort import CohortModel, LowRank
 
 
 @dataclass
