@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from dpfl.rng import CryptoRNG, gaussian_rows
+from dpfl.rng import CryptoRNG, gauss, gaussian_rows
 
 
 @contextmanager
@@ -70,6 +70,10 @@ def _before(key: bytes, out: torch.Tensor, std: float) -> None:
             flat[half + s : half + s + t].copy_(torch.sin(a[:t], out=z[:t]).mul_(r[:t]))
 
 
+ISAS = ["plain", "avx2", "avx512"]  # the C kernel's paths (dpfl/rng/_gausskernel.c), narrowest first
+_ISA_LABELS = {"plain": "plain C", "avx2": "AVX2", "avx512": "AVX-512"}
+
+
 def sampler_rates(n: int = 1 << 22, device: str | None = None, sigma_dg: float = 130.0) -> dict:
     """Values per second: one core, all cores, and on `device` (when given)."""
     from dpfl.privacy.samplers import discrete_gaussian, discrete_gaussian_rows
@@ -81,6 +85,14 @@ def sampler_rates(n: int = 1 << 22, device: str | None = None, sigma_dg: float =
         out["keystream_words_per_s"] = n / _best(lambda: g._fill(zeros, buf))
         f32 = torch.empty(n)
         out["gaussian_per_s"] = n / _best(lambda: g.gaussian_into(f32, 1.0))
+        out["c_kernel"] = gauss._gk.isa() if gauss._gk else None  # the vector path it took
+        out["gaussian_per_s_by_kernel"] = {}
+        for level, name in enumerate(["plain", "avx2", "avx512"][: ISAS.index(out["c_kernel"]) if gauss._gk else 0]):
+            try:  # the same values by each narrower path of the C kernel this CPU has
+                gauss._gk.limit(level)
+                out["gaussian_per_s_by_kernel"][name] = n / _best(lambda: g.gaussian_into(f32, 1.0))
+            finally:
+                gauss._gk.limit(2)
         out["before_per_s"] = n / _best(lambda: _before(bytes(32), f32, 1.0), reps=3)
         out["torch_randn_per_s"] = n / _best(lambda: torch.randn(n, out=f32))
         gen = np.random.default_rng(0)
@@ -189,14 +201,18 @@ def run_bench(n: int = 1 << 22, device: str | None = None, rounds: int = 3, with
     t = Table(title=f"noise: values per second ({rates['n']:,} values; best of runs)")
     t.add_column("what")
     t.add_column("M/s", justify="right")
+    kernel = f"C kernel, {_ISA_LABELS[rates['c_kernel']]}" if rates["c_kernel"] else "torch ops: no C kernel"
     for key, label in [("keystream_words_per_s", "ChaCha20 keystream, 64-bit words, 1 core (OpenSSL)"),
-                       ("gaussian_per_s", "dpfl Gaussian (ziggurat on that stream), 1 core"),
+                       ("gaussian_per_s", f"dpfl Gaussian (ziggurat on that stream), 1 core ({kernel})"),
                        ("before_per_s", "before: AES-CTR + float64 Box–Muller, 1 core"),
                        ("torch_randn_per_s", "torch.randn (not cryptographic), 1 core"),
                        ("numpy_normal_per_s", "NumPy standard_normal (not cryptographic), 1 core"),
                        ("dg_per_s", "discrete Gaussian shares (table sampler), 1 core"),
                        ("gaussian_all_cores_per_s", f"dpfl Gaussian, rows in {rates['threads']} threads")]:
         t.add_row(label, f"{rates[key] / 1e6:,.1f}")
+        if key == "gaussian_per_s":
+            for name, r in rates["gaussian_per_s_by_kernel"].items():
+                t.add_row(f"  the same values, C kernel capped at {_ISA_LABELS[name]}", f"{r / 1e6:,.1f}")
     if device:
         for key, label in [("device_keystream_words_per_s", "ChaCha20 keystream on the device"),
                            ("device_gaussian_per_s", "dpfl Gaussian on the device (100 rows)"),

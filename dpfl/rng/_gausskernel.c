@@ -9,8 +9,10 @@
  * order at the front of cand and idx.
  *
  * Integer work and IEEE float64 + - * / only, built with -ffp-contract=off (no fused multiply-add),
- * so vector and scalar code give the same bits: x86-64 CPUs with AVX-512 take the vector loops
- * (chosen at run time), others the plain C ones. Runs with the GIL released.
+ * so vector and scalar code give the same bits: x86-64 CPUs with AVX-512 or AVX2 take vector loops
+ * (chosen at run time), others the plain C ones. isa() names the widest set this CPU has;
+ * limit(level) caps it (0 plain C, 1 AVX2, 2 AVX-512), so that tests can run each. Runs with the
+ * GIL released.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,11 +23,18 @@
 #define X86 1
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
-static int has_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
-        && __builtin_cpu_supports("avx512bw");
+#define AVX2 __attribute__((target("avx2")))
+static int isa_cpu(void) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
+        && __builtin_cpu_supports("avx512bw"))
+        return 2;
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
+#else
+static int isa_cpu(void) { return 0; }
 #endif
+static int isa_cap = 2; /* limit() */
+static int isa_level(void) { return isa_cpu() < isa_cap ? isa_cpu() : isa_cap; }
 
 static inline double bits2d(int64_t b) { double d; memcpy(&d, &b, 8); return d; }
 static inline int64_t d2bits(double d) { int64_t b; memcpy(&b, &d, 8); return b; }
@@ -120,6 +129,70 @@ AVX512 static Py_ssize_t fast_avx512(int f32, const int64_t *ws, void *out, Py_s
     }
     return m;
 }
+
+/* AVX2: the AVX-512 loop 4 words at a time, with what AVX2 lacks written out: the arithmetic
+ * shift ((x >>> n) ^ s) - s, s = 2^(63-n); j (|j| < 2^53) to double exactly as hi·2^32 + lo, each
+ * part placed in a double's mantissa by its bits and the two added (the sum is exact); |j| by its
+ * sign mask; and the sure-accept test on the 9-bit floors, small enough for a signed compare. */
+AVX2 static inline __m256i sra64(__m256i x, int n, __m256i s) {
+    return _mm256_sub_epi64(_mm256_xor_si256(_mm256_srli_epi64(x, n), s), s);
+}
+
+/* (double)v, exact, for v = hi·2^32 + lo with |hi| < 2^21 (hi given, signed) and lo = v's low 32 bits */
+AVX2 static inline __m256d to_double(__m256i hi, __m256i v) {
+    const __m256i b52 = _mm256_set1_epi64x(INT64_C(0x4330000000000000)); /* 2^52: ulp 1 */
+    const __m256i b84 = _mm256_set1_epi64x(INT64_C(0x4538000000000000)); /* 3·2^83: ulp 2^32 */
+    __m256d h = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(b84, hi)), _mm256_castsi256_pd(b84));
+    __m256i low = _mm256_and_si256(v, _mm256_set1_epi64x(0xFFFFFFFF));
+    return _mm256_add_pd(h, _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(low, b52)), _mm256_castsi256_pd(b52)));
+}
+
+/* (double)j for j = (w >> 10) | 1 */
+AVX2 static inline __m256d j_double(__m256i w, __m256i j) {
+    return to_double(sra64(w, 42, _mm256_set1_epi64x(INT64_C(1) << 21)), j);
+}
+
+AVX2 static Py_ssize_t fast_avx2(int f32, const int64_t *ws, void *out, Py_ssize_t n, double std,
+                                   const double *wt, const int64_t *pk, int64_t e0, const int64_t *kt, int64_t *ri,
+                                   int64_t *rw, int64_t base) {
+    const __m256d s = _mm256_set1_pd(std);
+    const __m256i one = _mm256_set1_epi64x(1), zero = _mm256_setzero_si256();
+    const __m256i low55 = _mm256_set1_epi64x(LOW55), expo = _mm256_set1_epi64x(e0);
+    const __m256i s10 = _mm256_set1_epi64x(INT64_C(1) << 53);
+    uint64_t bits[4096 / 64];
+    Py_ssize_t m = 0;
+    for (Py_ssize_t b = 0; b < n; b += 4096) {
+        Py_ssize_t k = n - b < 4096 ? n - b : 4096, k4 = k & ~(Py_ssize_t)3;
+        memset(bits, 0, sizeof bits);
+        for (Py_ssize_t e = b; e < b + k4; e += 4) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(ws + e));
+            __m256i j = _mm256_or_si256(sra64(w, 10, s10), one);
+            __m256i p = _mm256_set_epi64x(pk[ws[e + 3] & 255], pk[ws[e + 2] & 255], pk[ws[e + 1] & 255], pk[ws[e] & 255]);
+            __m256d wv = _mm256_castsi256_pd(_mm256_add_epi64(_mm256_and_si256(p, low55), expo));
+            __m256d v = _mm256_mul_pd(_mm256_mul_pd(j_double(w, j), wv), s);
+            if (f32) _mm_storeu_ps((float *)out + e, _mm256_cvtpd_ps(v));
+            else _mm256_storeu_pd((double *)out + e, v);
+            __m256i neg = _mm256_cmpgt_epi64(zero, j);
+            __m256i top = _mm256_srli_epi64(_mm256_sub_epi64(_mm256_xor_si256(j, neg), neg), 44);
+            __m256i sure = _mm256_cmpgt_epi64(_mm256_srli_epi64(p, 55), top);
+            int r = ~_mm256_movemask_pd(_mm256_castsi256_pd(sure)) & 15;
+            ((uint8_t *)bits)[(e - b) >> 3] |= (uint8_t)(r << ((e - b) & 4));
+        }
+        for (Py_ssize_t q = 0; q < 64; q++)
+            for (uint64_t r = bits[q]; r; r &= r - 1) {
+                Py_ssize_t e = b + 64 * q + __builtin_ctzll(r);
+                int64_t w = ws[e], j = (w >> 10) | 1;
+                if ((j < 0 ? -j : j) >= kt[w & 255]) {
+                    ri[m] = base + e;
+                    rw[m++] = w;
+                }
+            }
+        if (k4 < k) /* the last 1-3 words */
+            m += fast_portable(f32, ws + b + k4, f32 ? (void *)((float *)out + b + k4) : (void *)((double *)out + b + k4),
+                               k - k4, std, wt, kt, ri + m, rw + m, base + b + k4);
+    }
+    return m;
+}
 #endif
 
 static PyObject *fast(PyObject *self, PyObject *args) {
@@ -146,7 +219,9 @@ static PyObject *fast(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
 #ifdef X86
     int64_t pk[256], e0;
-    if (has_avx512() && pack_tables(wt, kt, pk, &e0)) m = fast_avx512(isz == 4, ws, b[1].buf, n, std, pk, e0, kt, ri, rw, base);
+    int level = isa_level() && pack_tables(wt, kt, pk, &e0) ? isa_level() : 0;
+    if (level == 2) m = fast_avx512(isz == 4, ws, b[1].buf, n, std, pk, e0, kt, ri, rw, base);
+    else if (level == 1) m = fast_avx2(isz == 4, ws, b[1].buf, n, std, wt, pk, e0, kt, ri, rw, base);
     else
 #endif
     m = fast_portable(isz == 4, ws, b[1].buf, n, std, wt, kt, ri, rw, base);
@@ -214,16 +289,80 @@ static inline int fresh(int64_t w, const double *wt, const int64_t *kt, double *
         }                                                                                           \
     }
 
+PASS(pass_plain, inline)
+
 #ifdef X86
 PASS(pass_v4, AVX512)
+
+/* AVX2: PASS written out 4 candidates at a time (gcc does not vectorize its int64 -> double), with
+ * the fast path's exact conversions; trunc of a positive double for the (int64_t) cast in zexp_neg. */
+AVX2 static inline __m256i load4(const int64_t *p, Py_ssize_t stride) {
+    return _mm256_set_epi64x(p[3 * stride], p[2 * stride], p[stride], p[0]);
+}
+
+AVX2 static inline __m256d table4(const double *t, __m256i i) {
+    int64_t k[4];
+    _mm256_storeu_si256((__m256i *)k, i);
+    return _mm256_set_pd(t[k[3]], t[k[2]], t[k[1]], t[k[0]]);
+}
+
+AVX2 static inline __m256d uniform4(__m256i w) {
+    __m256i v = _mm256_and_si256(_mm256_srli_epi64(w, 11), _mm256_set1_epi64x((INT64_C(1) << 53) - 1));
+    __m256d d = to_double(_mm256_srli_epi64(v, 32), v);
+    return _mm256_mul_pd(_mm256_add_pd(d, _mm256_set1_pd(0.5)), _mm256_set1_pd(0x1p-53));
+}
+
+AVX2 static inline __m256d exp_neg4(__m256d t) {
+    __m256d k = _mm256_round_pd(_mm256_add_pd(_mm256_mul_pd(t, _mm256_set1_pd(1.4426950408889634)), _mm256_set1_pd(0.5)),
+                                _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256d y = _mm256_mul_pd(k, _mm256_set1_pd(6.93147180369123816490e-01));
+    y = _mm256_sub_pd(y, t);
+    y = _mm256_add_pd(y, _mm256_mul_pd(k, _mm256_set1_pd(1.90821492927058770002e-10)));
+    __m256d p = _mm256_set1_pd(inv_fact[14]);
+    for (int j = 13; j >= 0; j--) p = _mm256_add_pd(_mm256_mul_pd(p, y), _mm256_set1_pd(inv_fact[j]));
+    const __m256d b52 = _mm256_set1_pd(0x1p52); /* k < 2^52: its integer in the mantissa */
+    __m256i ki = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(k, b52)), _mm256_castpd_si256(b52));
+    __m256i sc = _mm256_slli_epi64(_mm256_sub_epi64(_mm256_set1_epi64x(1023), ki), 52);
+    return _mm256_mul_pd(p, _mm256_castsi256_pd(sc));
+}
+
+AVX2 static void pass_v3(const int64_t *restrict c, const int64_t *restrict ew, Py_ssize_t m, double std,
+                         const double *restrict wt, const int64_t *restrict kt, const double *restrict fx,
+                         double *restrict val, uint8_t *restrict done) {
+    const __m256i low8 = _mm256_set1_epi64x(255), one = _mm256_set1_epi64x(1), zero = _mm256_setzero_si256();
+    const __m256i s10 = _mm256_set1_epi64x(INT64_C(1) << 53);
+    Py_ssize_t m4 = m & ~(Py_ssize_t)3;
+    for (Py_ssize_t e = 0; e < m4; e += 4) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(c + e));
+        __m256i i = _mm256_and_si256(w, low8);
+        __m256d x = _mm256_mul_pd(j_double(w, _mm256_or_si256(sra64(w, 10, s10), one)), table4(wt, i));
+        __m256d lo = table4(fx, i), hi = table4(fx + 1, i);
+        __m256d h = _mm256_mul_pd(_mm256_sub_pd(hi, lo), uniform4(load4(ew + 3 * e, 3)));
+        __m256d good = _mm256_cmp_pd(_mm256_add_pd(h, lo), exp_neg4(_mm256_mul_pd(_mm256_mul_pd(x, x), _mm256_set1_pd(0.5))),
+                                     _CMP_LT_OQ);
+        __m256i w2 = load4(ew + 3 * e + 2, 3), i2 = _mm256_and_si256(w2, low8);
+        __m256i j2 = _mm256_or_si256(sra64(w2, 10, s10), one);
+        __m256d x2 = _mm256_mul_pd(j_double(w2, j2), table4(wt, i2));
+        int64_t kk[4], i2s[4];
+        _mm256_storeu_si256((__m256i *)i2s, i2);
+        for (int l = 0; l < 4; l++) kk[l] = kt[i2s[l]];
+        __m256i neg = _mm256_cmpgt_epi64(zero, j2);
+        __m256i ok2 = _mm256_cmpgt_epi64(_mm256_loadu_si256((const __m256i *)kk),
+                                         _mm256_sub_epi64(_mm256_xor_si256(j2, neg), neg));
+        _mm256_storeu_pd(val + e, _mm256_mul_pd(_mm256_blendv_pd(x2, x, good), _mm256_set1_pd(std)));
+        int d = _mm256_movemask_pd(_mm256_or_pd(good, _mm256_castsi256_pd(ok2)));
+        for (int l = 0; l < 4; l++) done[e + l] = (d >> l) & 1;
+    }
+    pass_plain(c + m4, ew + 3 * m4, m - m4, std, wt, kt, fx, val + m4, done + m4);
+}
 #endif
-PASS(pass_plain, inline)
 
 static Py_ssize_t slow_pass(int f32, int64_t *c, int64_t *idx, const int64_t *ew, Py_ssize_t m, double std,
                             const double *wt, const int64_t *kt, const double *fx, void *out, double *val,
                             uint8_t *done) {
 #ifdef X86
-    if (has_avx512()) pass_v4(c, ew, m, std, wt, kt, fx, val, done);
+    if (isa_level() == 2) pass_v4(c, ew, m, std, wt, kt, fx, val, done);
+    else if (isa_level() == 1) pass_v3(c, ew, m, std, wt, kt, fx, val, done);
     else
 #endif
     pass_plain(c, ew, m, std, wt, kt, fx, val, done);
@@ -289,9 +428,26 @@ done:
     return res;
 }
 
+static const char *isa_names[3] = {"plain", "avx2", "avx512"};
+
+static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(isa_names[isa_level()]); }
+
+static PyObject *limit(PyObject *self, PyObject *args) {
+    int level;
+    if (!PyArg_ParseTuple(args, "i", &level)) return NULL;
+    if (level < 0 || level > 2) {
+        PyErr_SetString(PyExc_ValueError, "gausskernel.limit: level must be 0 (plain C), 1 (AVX2) or 2 (AVX-512)");
+        return NULL;
+    }
+    isa_cap = level;
+    return PyUnicode_FromString(isa_names[isa_level()]);
+}
+
 static PyMethodDef methods[] = {
     {"fast", fast, METH_VARARGS, "ziggurat fast path: values, and the rejected words and their indices"},
     {"slow", slow, METH_VARARGS, "one pass of the ziggurat's slow path, into out"},
+    {"isa", isa, METH_NOARGS, "the vector instructions the kernel uses: plain, avx2 or avx512"},
+    {"limit", limit, METH_VARARGS, "cap the vector instructions (0 plain C, 1 AVX2, 2 AVX-512); returns what is used"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -120,6 +120,53 @@ def test_many_rejects_and_other_dtypes_equal_the_torch_ops(monkeypatch):
     assert torch.isfinite(half).all() and g.position >= 8 * 10_001
 
 
+def _levels() -> list[int]:
+    """The C kernel's vector paths this CPU can run: 0 plain C, 1 AVX2, 2 AVX-512."""
+    return list(range(["plain", "avx2", "avx512"].index(gauss._gk.isa()) + 1)) if gauss._gk else []
+
+
+def test_every_vector_path_of_the_c_kernel_gives_the_torch_values(monkeypatch):
+    """Each instruction set the kernel has and this CPU runs (plain C, AVX2, AVX-512) gives the
+    torch ops' values and stream position: sizes across its 4-word groups and 4096-word blocks,
+    float32 and float64, a stream of extreme words (|j| near 2^53, every layer, the tail layer 0)
+    and one whose first words all miss the fast path."""
+    if gauss._gk is None:
+        pytest.skip("C kernel not built")
+    rng = np.random.default_rng(11)
+    words = rng.integers(-(2**63), 2**63 - 1, 4_000_000, dtype=np.int64)
+    words[:200_000] |= 255  # every one rejected: many slow passes
+    words[200_000:203_000] &= ~255  # layer 0
+    ext = np.array([-(2**63), 2**63 - 1, -1, 0, 1023, -1024, 2**53, -(2**53)], dtype=np.int64)
+    words[203_000:211_000] = np.tile(ext, 1000) ^ rng.integers(0, 256, 8000)
+
+    def draw(n, dtype, at):
+        pos = [at]
+
+        def read(m):
+            pos[0] += m
+            return words[pos[0] - m : pos[0]]
+
+        return gaussian_cpu(read, torch.empty(n, dtype=dtype), 0.9), pos[0]
+
+    cases = [(n, 211_000 - n) for n in (1, 3, 4, 5, 4095, 4096, 4097, 9_003)] + [(300_001, 0), (300_001, 1_000_000)]
+    want = {}
+    with monkeypatch.context() as mp:
+        mp.setattr(gauss, "_gk", None)
+        for dtype in (torch.float32, torch.float64):
+            for n, at in cases:
+                want[dtype, n, at] = draw(n, dtype, at)
+    try:
+        for level in _levels():
+            gauss._gk.limit(level)
+            for (dtype, n, at), (vals, pos) in want.items():
+                got, gpos = draw(n, dtype, at)
+                assert torch.equal(got, vals) and gpos == pos, (level, dtype, n, at)
+    finally:
+        gauss._gk.limit(2)
+    with pytest.raises(ValueError, match="level must be"):
+        gauss._gk.limit(3)
+
+
 def test_the_slow_path_in_c_equals_torch_and_log_exp_are_accurate():
     if gauss._gk is None:
         pytest.skip("C kernel not built")
@@ -128,8 +175,14 @@ def test_the_slow_path_in_c_equals_torch_and_log_exp_are_accurate():
     _, bad = gauss.fast(w, 1.0)
     cand = torch.cat([w[bad], w[(w & 255) == 0][:2000]])  # wedge rejects, and layer-0 words (tail)
     e = torch.from_numpy(g.uint64(3 * cand.numel()).view(np.int64).copy()).view(-1, 3)
-    a, b = gauss._pass_c(cand, e, 0.9), gauss._pass(cand, e, 0.9)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1][a[0]], b[1][a[0]]) and torch.equal(a[2][~a[0]], b[2][~a[0]])
+    b = gauss._pass(cand, e, 0.9)
+    try:
+        for level in _levels():  # each vector path of the pass, and plain C
+            gauss._gk.limit(level)
+            a = gauss._pass_c(cand, e, 0.9)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1][a[0]], b[1][a[0]]) and torch.equal(a[2][~a[0]], b[2][~a[0]])
+    finally:
+        gauss._gk.limit(2)
     u = torch.rand(100_000, dtype=torch.float64).add_(1e-300)
     assert ((gauss.log(u) - u.log()).abs() <= 6e-16 * u.log().abs()).all()  # within 3 ulp
     assert repr(gauss.INV_R) in Path(gauss.__file__).with_name("_gausskernel.c").read_text()
@@ -261,3 +314,22 @@ def test_bench_noise_refuses_a_device_it_cannot_use_in_one_line():
     if not CUDA:
         r = CliRunner().invoke(app, ["bench", "noise", "--device", "cuda", "--no-rounds"])
         assert r.exit_code != 0 and "torch sees no CUDA device" in r.output
+
+
+def test_bench_noise_names_the_kernel_path_and_times_each_narrower_one():
+    """`dpfl bench noise` says which C kernel path drew the Gaussians and times every narrower path
+    this CPU has (the same values), and leaves the kernel uncapped."""
+    from typer.testing import CliRunner
+
+    from dpfl.cli.main import app
+
+    r = CliRunner().invoke(app, ["bench", "noise", "--values", "8192", "--no-rounds", "--json"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    import json
+
+    rates = json.loads(r.output[r.output.index("\n{") :])["rates"]  # the JSON, printed last
+    isa = gauss._gk.isa() if gauss._gk else None
+    assert rates["c_kernel"] == isa
+    assert list(rates["gaussian_per_s_by_kernel"]) == ["plain", "avx2", "avx512"][: len(_levels()) - 1]
+    assert all(v > 0 for v in rates["gaussian_per_s_by_kernel"].values())
+    assert ("C kernel, " in r.output) == (isa is not None) and (gauss._gk is None or gauss._gk.isa() == isa)
