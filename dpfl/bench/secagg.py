@@ -7,8 +7,8 @@ rows: their encoding in Z_(2^b) (range check, in place), every client's key agre
 sharing and masking in turn, then the server's unmasking; and the exact
 sum is checked against a plain integer sum of the survivors' rows, which is also the baseline
 (what the server does without secure aggregation). Masks come from the C kernel
-(`dpfl/secagg/_maskkernel.c`) where it is built: VAES on CPUs with AVX-512 and VAES, else
-AES-NI; `DPFL_SECAGG_KERNEL=aesni` forces the AES-NI level and `DPFL_SECAGG_KERNEL=0` the
+(`dpfl/secagg/_maskkernel.c`) where it is built: 512-bit VAES on CPUs with AVX-512 and VAES,
+256-bit VAES on CPUs with AVX2 and VAES, else AES-NI; `DPFL_SECAGG_KERNEL=aesni` forces the AES-NI level and `DPFL_SECAGG_KERNEL=0` the
 OpenSSL + NumPy path (same words in every case).
 
 Reported per graph: wall and CPU seconds of the round (CPU time is the fairer number on a

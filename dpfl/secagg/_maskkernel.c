@@ -5,9 +5,10 @@
  * the rows that use it, in column blocks small enough that a block's keystream and rows stay
  * in L1/L2; then reduces the rows whose last mask it was. It runs with the GIL released.
  *
- * The AES rounds are the CPU's: constant time, no tables. Level 2 (`cpu_level()`): VAES on
- * 512-bit registers, where the CPU has AVX-512F/BW and VAES; level 1: AES-NI on 128-bit
- * registers (any x86-64 with AES-NI and SSE4.1). Only built for x86-64 with GCC or Clang;
+ * The AES rounds are the CPU's: constant time, no tables. Level 3 (`cpu_level()`): VAES on
+ * 512-bit registers, where the CPU has AVX-512F/BW and VAES; level 2: VAES on 256-bit registers,
+ * where it has AVX2 and VAES but not AVX-512 (AMD Zen 3); level 1: AES-NI on 128-bit registers
+ * (any x86-64 with AES-NI and SSE4.1). Only built for x86-64 with GCC or Clang;
  * elsewhere (level 0) prg.py keeps its own path. Tests check the words bit for bit against
  * OpenSSL (`cryptography`) and against the pure-Python path, at every level the CPU has.
  */
@@ -27,6 +28,7 @@
 #ifdef DPFL_X86
 #define TGT_AES __attribute__((target("aes,sse4.1")))
 #define TGT __attribute__((target("aes,sse4.1,avx2,avx512f,avx512bw,vaes")))
+#define TGT256 __attribute__((target("aes,sse4.1,avx2,vaes")))
 #define INLINE static inline __attribute__((always_inline))
 
 /* w0, w0^w1, w0^w1^w2, w0^w1^w2^w3: the running xor of a round key's four words. */
@@ -85,6 +87,25 @@ TGT static void encrypt_vaes(const __m128i key[15], const uint8_t *ctr, uint8_t 
         __m512i a = _mm512_xor_si512(_mm512_loadu_si512(ctr + 16 * i), rk[0]);
         for (int r = 1; r < 14; r++) a = _mm512_aesenc_epi128(a, rk[r]);
         _mm512_storeu_si512(out + 16 * i, _mm512_aesenclast_epi128(a, rk[14]));
+    }
+}
+
+/* The same on 256-bit registers (two blocks each), 16 blocks per step when possible. */
+TGT256 static void encrypt_vaes256(const __m128i key[15], const uint8_t *ctr, uint8_t *out, size_t nblk) {
+    __m256i rk[15];
+    for (int r = 0; r < 15; r++) rk[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128(key + r));
+    size_t i = 0;
+    for (; i + 16 <= nblk; i += 16) {
+        __m256i b[8];
+        for (int j = 0; j < 8; j++) b[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(ctr + 16 * i + 32 * j)), rk[0]);
+        for (int r = 1; r < 14; r++)
+            for (int j = 0; j < 8; j++) b[j] = _mm256_aesenc_epi128(b[j], rk[r]);
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(out + 16 * i + 32 * j), _mm256_aesenclast_epi128(b[j], rk[14]));
+    }
+    for (; i < nblk; i += 2) {
+        __m256i a = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(ctr + 16 * i)), rk[0]);
+        for (int r = 1; r < 14; r++) a = _mm256_aesenc_epi128(a, rk[r]);
+        _mm256_storeu_si256((__m256i *)(out + 16 * i), _mm256_aesenclast_epi128(a, rk[14]));
     }
 }
 
@@ -181,13 +202,15 @@ INLINE void kernel(uint8_t *base, Py_ssize_t row_stride, int itemsize, Py_ssize_
     kernel(base, row_stride, itemsize, c0, nbytes, seg, seeds, nseeds, use_ptr, use_row, use_sign, red_ptr, red_row, keep, rk, fn)
 
 TGT static void kernel_vaes(KERNEL_ARGS) { KERNEL_CALL(encrypt_vaes); }
+TGT256 static void kernel_vaes256(KERNEL_ARGS) { KERNEL_CALL(encrypt_vaes256); }
 TGT_AES static void kernel_ni(KERNEL_ARGS) { KERNEL_CALL(encrypt_ni); }
 
 static int cpu_level(void) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("aes") || !__builtin_cpu_supports("sse4.1")) return 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vaes"))
-        return 2;
+        return 3;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("vaes")) return 2;
     return 1;
 }
 #else
@@ -253,7 +276,7 @@ static PyObject *int_range(PyObject *self, PyObject *args) {
 }
 
 /* mask_segment(y, row_stride, itemsize, seg, c0, nbytes, seg_bytes, seeds, use_ptr, use_row, use_sign,
- *              red_ptr, red_row, keep, level): level 1 or 2, at most cpu_level(); y a C-contiguous word matrix, c0 = seg·seg_bytes; seeds
+ *              red_ptr, red_row, keep, level): level 1 to 3, at most cpu_level(); y a C-contiguous word matrix, c0 = seg·seg_bytes; seeds
  *              concatenated; for seed i, rows use_row[use_ptr[i]:use_ptr[i+1]] (int64) get sign
  *              use_sign (int8, +1/−1), then rows red_row[red_ptr[i]:red_ptr[i+1]] are ANDed with
  *              keep (0: none). */
@@ -297,9 +320,9 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
                 PyErr_NoMemory();
             } else {
                 Py_BEGIN_ALLOW_THREADS
-                (level == 2 ? kernel_vaes : kernel_ni)((uint8_t *)y.buf, row_stride, itemsize, c0, nbytes,
-                                                       (uint64_t)seg, seeds.buf, nseeds, uptr, urow, sgn, rptr,
-                                                       rrow, (uint64_t)keep, rk);
+                (level == 3 ? kernel_vaes : level == 2 ? kernel_vaes256 : kernel_ni)(
+                    (uint8_t *)y.buf, row_stride, itemsize, c0, nbytes, (uint64_t)seg, seeds.buf, nseeds, uptr,
+                    urow, sgn, rptr, rrow, (uint64_t)keep, rk);
                 Py_END_ALLOW_THREADS
                 volatile uint8_t *wipe = (volatile uint8_t *)rk; /* round keys are key material */
                 for (size_t i = 0; i < sizeof(__m128i) * 15 * (size_t)(nseeds ? nseeds : 1); i++) wipe[i] = 0;
@@ -320,7 +343,8 @@ static PyObject *mask_segment(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"cpu_level", py_cpu_level, METH_NOARGS, "2: VAES + AVX-512, 1: AES-NI + SSE4.1, 0: no kernel on this CPU."},
+    {"cpu_level", py_cpu_level, METH_NOARGS,
+     "3: VAES + AVX-512, 2: VAES + AVX2, 1: AES-NI + SSE4.1, 0: no kernel on this CPU."},
     {"int_range", int_range, METH_VARARGS, "(min, max) of a buffer of 4- or 8-byte integers."},
     {"mask_segment", mask_segment, METH_VARARGS, "Mask one keystream segment of a word matrix in place."},
     {NULL, NULL, 0, NULL}};

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from dpfl.errors import ConfigError
 from dpfl.threads import for_each
 
-try:  # the optional C kernel (setup.py): same words; level 2 = VAES + AVX-512, 1 = AES-NI
+try:  # the optional C kernel (setup.py): same words; level 3 = VAES + AVX-512, 2 = VAES + AVX2, 1 = AES-NI
     _native = importlib.import_module("dpfl.secagg._maskkernel")  # by name: a compiled module, not a .py
 
     _level = _native.cpu_level()
@@ -45,8 +45,9 @@ except ImportError:  # not compiled on this platform
 
 
 def kernel_in_use() -> str | None:
-    """The C kernel computing the masks ("vaes" or "aes-ni"), or None (OpenSSL via `cryptography` + NumPy)."""
-    return {2: "vaes", 1: "aes-ni"}.get(_level) if _native is not None else None
+    """The C kernel computing the masks ("vaes-512", "vaes-256" or "aes-ni"), or None (OpenSSL via
+    `cryptography` + NumPy)."""
+    return {3: "vaes-512", 2: "vaes-256", 1: "aes-ni"}.get(_level) if _native is not None else None
 
 
 SEED_BYTES = 32

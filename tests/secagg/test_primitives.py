@@ -39,7 +39,7 @@ def test_expand_is_aes_in_counter_mode(dtype):
 
 
 needs_kernel = pytest.mark.skipif(prg._native is None, reason="C mask kernel not built or CPU lacks AES-NI")
-LEVELS = range(1, prg._native.cpu_level() + 1) if prg._native is not None else []  # 1 AES-NI, 2 VAES
+LEVELS = range(1, prg._native.cpu_level() + 1) if prg._native is not None else []  # AES-NI, VAES-256, VAES-512
 
 
 @needs_kernel
@@ -86,9 +86,9 @@ def test_c_kernel_rejects_plans_outside_the_matrix():
         call(1, nbytes=512)  # past the end of the buffer
     with pytest.raises(ValueError, match="out of range"):
         call(1, sign=np.zeros(1, np.int8))  # a sign other than ±1
-    with pytest.raises(RuntimeError, match="level 3 not available"):
+    with pytest.raises(RuntimeError, match="level 4 not available"):
         prg._native.mask_segment(y, 256, 4, 0, 0, 256, prg.SEGMENT_BYTES, SEED, ptr, np.array([0], np.int64),
-                                 sign, np.zeros(2, np.int64), none, 0, 3)
+                                 sign, np.zeros(2, np.int64), none, 0, 4)
 
 
 def test_apply_masks_adds_and_subtracts_mod_word():
