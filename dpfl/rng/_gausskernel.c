@@ -77,6 +77,22 @@ static Py_ssize_t fast_portable(int f32, const int64_t *ws, void *out, Py_ssize_
 }
 
 #ifdef X86
+/* The flagged words of a 4096-word block (bits: one per word, from word b), checked against kt
+ * exactly; the rejected ones appended, in order, at ri/rw[m...]. Returns the new m. */
+static Py_ssize_t scan(const uint64_t *bits, Py_ssize_t nq, const int64_t *ws, Py_ssize_t b, const int64_t *kt,
+                       int64_t *ri, int64_t *rw, Py_ssize_t m, int64_t base) {
+    for (Py_ssize_t q = 0; q < nq; q++)
+        for (uint64_t r = bits[q]; r; r &= r - 1) {
+            Py_ssize_t e = b + 64 * q + __builtin_ctzll(r);
+            int64_t w = ws[e], j = (w >> 10) | 1;
+            if ((j < 0 ? -j : j) >= kt[w & 255]) {
+                ri[m] = base + e;
+                rw[m++] = w;
+            }
+        }
+    return m;
+}
+
 /* AVX-512: 8 words at a time, one table gather for the 8: entry i holds wt[i] with its exponent
  * rebased into 3 bits (bits 0-54) and, above, kt[i] >> 44 (a 9-bit floor of the reject bound):
  * (|j| >> 44) < that is a sure accept. The others (about 1.7 %) go to a bitmap, no branch in the
@@ -117,15 +133,7 @@ AVX512 static Py_ssize_t fast_avx512(int f32, const int64_t *ws, void *out, Py_s
             __m512i top = _mm512_or_si512(_mm512_slli_epi64(_mm512_abs_epi64(j), 11), low55); /* |j| >> 44, at 55 */
             ((uint8_t *)bits)[(e - b) >> 3] = live & _mm512_cmpge_epu64_mask(top, p);
         }
-        for (Py_ssize_t q = 0; q <= (k - 1) >> 6; q++)
-            for (uint64_t r = bits[q]; r; r &= r - 1) {
-                Py_ssize_t e = b + 64 * q + __builtin_ctzll(r);
-                int64_t w = ws[e], j = (w >> 10) | 1;
-                if ((j < 0 ? -j : j) >= kt[w & 255]) {
-                    ri[m] = base + e;
-                    rw[m++] = w;
-                }
-            }
+        m = scan(bits, (k + 63) >> 6, ws, b, kt, ri, rw, m, base);
     }
     return m;
 }
@@ -178,15 +186,7 @@ AVX2 static Py_ssize_t fast_avx2(int f32, const int64_t *ws, void *out, Py_ssize
             int r = ~_mm256_movemask_pd(_mm256_castsi256_pd(sure)) & 15;
             ((uint8_t *)bits)[(e - b) >> 3] |= (uint8_t)(r << ((e - b) & 4));
         }
-        for (Py_ssize_t q = 0; q < 64; q++)
-            for (uint64_t r = bits[q]; r; r &= r - 1) {
-                Py_ssize_t e = b + 64 * q + __builtin_ctzll(r);
-                int64_t w = ws[e], j = (w >> 10) | 1;
-                if ((j < 0 ? -j : j) >= kt[w & 255]) {
-                    ri[m] = base + e;
-                    rw[m++] = w;
-                }
-            }
+        m = scan(bits, (k4 + 63) >> 6, ws, b, kt, ri, rw, m, base);
         if (k4 < k) /* the last 1-3 words */
             m += fast_portable(f32, ws + b + k4, f32 ? (void *)((float *)out + b + k4) : (void *)((double *)out + b + k4),
                                k - k4, std, wt, kt, ri + m, rw + m, base + b + k4);
