@@ -165,9 +165,41 @@ class _Time:
 loop.time = _Time()
 
 FORK_SERVER = {server!r}  # dpfl's fork server for this SuperNode's ClientApps (None: none)
+
+
+def sweep(tmp):
+    # directories dpfl-fork-PID-* of this user whose SuperNode PID is gone, left by a fork server
+    # killed with SIGKILL (one that sees its SuperNode end removes its own); only the socket in them
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        pid = name.split("-")[2] if name.startswith("dpfl-fork-") and name.count("-") >= 3 else ""
+        path = os.path.join(tmp, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+            continue  # alive (or its pid reused: left alone)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        try:
+            os.unlink(os.path.join(path, "s"))
+        except OSError:
+            pass
+        try:
+            os.rmdir(path)  # anything else in it: left as it is
+        except OSError:
+            pass
+
+
 os.environ.pop("{env}", None)
 if FORK_SERVER and sys.platform.startswith("linux"):  # fork, SO_PEERCRED
-    where = os.path.join(tempfile.mkdtemp(prefix="dpfl-fork-"), "s")  # a new directory only this user can enter
+    sweep(tempfile.gettempdir())
+    where = os.path.join(tempfile.mkdtemp(prefix=f"dpfl-fork-{{os.getpid()}}-"), "s")  # only this user can enter
     if len(where) > 100 or not os.path.isfile(FORK_SERVER):  # sun_path: 108 bytes
         os.rmdir(os.path.dirname(where))
         print(f"dpfl-supernode: no fork server ({{FORK_SERVER}} missing, or TMPDIR too long for a socket's path)",

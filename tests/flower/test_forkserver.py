@@ -153,15 +153,26 @@ def test_dpfl_supernode_starts_a_server_that_ends_with_it(tmp_path):
     node = launcher.write_supernode(tmp_path / "bin", 0.5)
     tmp = tmp_path / "t"
     tmp.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    left = {f"dpfl-fork-{gone.pid}-a": ["s"],  # a server killed with SIGKILL: swept
+            f"dpfl-fork-{gone.pid}-b": ["s", "other"],  # something else in it: kept
+            f"dpfl-fork-{os.getpid()}-c": ["s"],  # a live SuperNode's: kept
+            "dpfl-fork-d": ["s"]}  # not named by a pid: kept
+    for name, files in left.items():
+        (tmp / name).mkdir(mode=0o700)
+        for f in files:
+            (tmp / name / f).write_text("")
     env = {**os.environ, "TMPDIR": str(tmp), "FLWR_TELEMETRY_ENABLED": "0"}
     env.pop(launcher.FORK_ENV, None)
     p = subprocess.Popen([str(node), "--insecure", "--superlink", "127.0.0.1:9", "--max-retries", "1000"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 90
-        while not list(tmp.glob("dpfl-fork-*/s")) and time.monotonic() < deadline:
+        while not list(tmp.glob(f"dpfl-fork-{p.pid}-*/s")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        (sock,) = tmp.glob("dpfl-fork-*/s")
+        (sock,) = tmp.glob(f"dpfl-fork-{p.pid}-*/s")
+        assert sorted(d.name for d in tmp.iterdir() if d != sock.parent) == sorted(set(left) - {f"dpfl-fork-{gone.pid}-a"})
         assert oct(sock.parent.stat().st_mode & 0o777) == "0o700" and oct(sock.stat().st_mode & 0o777) == "0o600"
         (server,) = [pid for pid in descendants([p.pid]) if "forkserver" in _cmdline(pid)]
         argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")[:-1]
