@@ -88,11 +88,11 @@ def sampler_rates(n: int = 1 << 22, device: str | None = None, sigma_dg: float =
         out["c_kernel"] = gauss._gk.isa() if gauss._gk else None  # the vector path it took
         out["gaussian_per_s_by_kernel"] = {}
         for level, name in enumerate(["plain", "avx2", "avx512"][: ISAS.index(out["c_kernel"]) if gauss._gk else 0]):
-            try:  # the same values by each narrower path of the C kernel this CPU has
-                gauss._gk.limit(level)
+            cap = gauss._gk.limit(level)  # the same values by each narrower path of the C kernel this CPU has
+            try:
                 out["gaussian_per_s_by_kernel"][name] = n / _best(lambda: g.gaussian_into(f32, 1.0))
             finally:
-                gauss._gk.limit(2)
+                gauss._gk.limit(cap)
         out["before_per_s"] = n / _best(lambda: _before(bytes(32), f32, 1.0), reps=3)
         out["torch_randn_per_s"] = n / _best(lambda: torch.randn(n, out=f32))
         gen = np.random.default_rng(0)

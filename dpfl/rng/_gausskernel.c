@@ -10,9 +10,10 @@
  *
  * Integer work and IEEE float64 + - * / only, built with -ffp-contract=off (no fused multiply-add),
  * so vector and scalar code give the same bits: x86-64 CPUs with AVX-512 or AVX2 take vector loops
- * (chosen at run time), others the plain C ones. isa() names the widest set this CPU has;
- * limit(level) caps it (0 plain C, 1 AVX2, 2 AVX-512), so that tests can run each. Runs with the
- * GIL released.
+ * (chosen at run time), others the plain C ones. isa() names the path in use: the widest this CPU
+ * has, under the cap limit(level) sets (0 plain C, 1 AVX2, 2 AVX-512; it returns the cap before),
+ * so that tests and `dpfl bench noise` can run each. Runs with the GIL released: a call reads the
+ * cap once.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,7 +35,10 @@ static int isa_cpu(void) {
 static int isa_cpu(void) { return 0; }
 #endif
 static int isa_cap = 2; /* limit() */
-static int isa_level(void) { return isa_cpu() < isa_cap ? isa_cpu() : isa_cap; }
+static int isa_level(void) {
+    int cap = __atomic_load_n(&isa_cap, __ATOMIC_RELAXED), cpu = isa_cpu();
+    return cpu < cap ? cpu : cap;
+}
 
 static inline double bits2d(int64_t b) { double d; memcpy(&d, &b, 8); return d; }
 static inline int64_t d2bits(double d) { int64_t b; memcpy(&b, &d, 8); return b; }
@@ -146,7 +150,7 @@ AVX2 static inline __m256i sra64(__m256i x, int n, __m256i s) {
     return _mm256_sub_epi64(_mm256_xor_si256(_mm256_srli_epi64(x, n), s), s);
 }
 
-/* (double)v, exact, for v = hi·2^32 + lo with |hi| < 2^21 (hi given, signed) and lo = v's low 32 bits */
+/* (double)v, exact, for v = hi·2^32 + lo with -2^21 <= hi < 2^21 (hi given, signed), lo = v's low 32 bits */
 AVX2 static inline __m256d to_double(__m256i hi, __m256i v) {
     const __m256i b52 = _mm256_set1_epi64x(INT64_C(0x4330000000000000)); /* 2^52: ulp 1 */
     const __m256i b84 = _mm256_set1_epi64x(INT64_C(0x4538000000000000)); /* 3·2^83: ulp 2^32 */
@@ -219,7 +223,8 @@ static PyObject *fast(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
 #ifdef X86
     int64_t pk[256], e0;
-    int level = isa_level() && pack_tables(wt, kt, pk, &e0) ? isa_level() : 0;
+    int level = isa_level();
+    if (level && !pack_tables(wt, kt, pk, &e0)) level = 0;
     if (level == 2) m = fast_avx512(isz == 4, ws, b[1].buf, n, std, pk, e0, kt, ri, rw, base);
     else if (level == 1) m = fast_avx2(isz == 4, ws, b[1].buf, n, std, wt, pk, e0, kt, ri, rw, base);
     else
@@ -361,8 +366,9 @@ static Py_ssize_t slow_pass(int f32, int64_t *c, int64_t *idx, const int64_t *ew
                             const double *wt, const int64_t *kt, const double *fx, void *out, double *val,
                             uint8_t *done) {
 #ifdef X86
-    if (isa_level() == 2) pass_v4(c, ew, m, std, wt, kt, fx, val, done);
-    else if (isa_level() == 1) pass_v3(c, ew, m, std, wt, kt, fx, val, done);
+    int level = isa_level();
+    if (level == 2) pass_v4(c, ew, m, std, wt, kt, fx, val, done);
+    else if (level == 1) pass_v3(c, ew, m, std, wt, kt, fx, val, done);
     else
 #endif
     pass_plain(c, ew, m, std, wt, kt, fx, val, done);
@@ -439,15 +445,14 @@ static PyObject *limit(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "gausskernel.limit: level must be 0 (plain C), 1 (AVX2) or 2 (AVX-512)");
         return NULL;
     }
-    isa_cap = level;
-    return PyUnicode_FromString(isa_names[isa_level()]);
+    return PyLong_FromLong(__atomic_exchange_n(&isa_cap, level, __ATOMIC_RELAXED));
 }
 
 static PyMethodDef methods[] = {
     {"fast", fast, METH_VARARGS, "ziggurat fast path: values, and the rejected words and their indices"},
     {"slow", slow, METH_VARARGS, "one pass of the ziggurat's slow path, into out"},
     {"isa", isa, METH_NOARGS, "the vector instructions the kernel uses: plain, avx2 or avx512"},
-    {"limit", limit, METH_VARARGS, "cap the vector instructions (0 plain C, 1 AVX2, 2 AVX-512); returns what is used"},
+    {"limit", limit, METH_VARARGS, "cap the vector instructions (0 plain C, 1 AVX2, 2 AVX-512); returns the cap before"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,7 @@
 #define BLOCK_WORDS_BYTES 4096 /* column block: 256 AES blocks */
 
 #ifdef DPFL_X86
+#include <cpuid.h>
 #define TGT_AES __attribute__((target("aes,sse4.1")))
 #define TGT __attribute__((target("aes,sse4.1,avx2,avx512f,avx512bw,vaes")))
 #define TGT256 __attribute__((target("aes,sse4.1,avx2,vaes")))
@@ -90,7 +91,8 @@ TGT static void encrypt_vaes(const __m128i key[15], const uint8_t *ctr, uint8_t 
     }
 }
 
-/* The same on 256-bit registers (two blocks each), 16 blocks per step when possible. */
+/* The same on 256-bit registers (two blocks each), 16 blocks per step when possible (nblk a
+ * multiple of 4, so the tail goes two blocks at a time). */
 TGT256 static void encrypt_vaes256(const __m128i key[15], const uint8_t *ctr, uint8_t *out, size_t nblk) {
     __m256i rk[15];
     for (int r = 0; r < 15; r++) rk[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128(key + r));
@@ -205,12 +207,17 @@ TGT static void kernel_vaes(KERNEL_ARGS) { KERNEL_CALL(encrypt_vaes); }
 TGT256 static void kernel_vaes256(KERNEL_ARGS) { KERNEL_CALL(encrypt_vaes256); }
 TGT_AES static void kernel_ni(KERNEL_ARGS) { KERNEL_CALL(encrypt_ni); }
 
+/* VAES from CPUID leaf 7 (ECX bit 9): some compilers (Clang 14) do not know the feature name */
+static int has_vaes(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 9 & 1);
+}
+
 static int cpu_level(void) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("aes") || !__builtin_cpu_supports("sse4.1")) return 0;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("vaes"))
-        return 3;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("vaes")) return 2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && has_vaes()) return 3;
+    if (__builtin_cpu_supports("avx2") && has_vaes()) return 2;
     return 1;
 }
 #else

@@ -3,6 +3,7 @@ device, and the one Gaussian sampler (the ziggurat) on it, bit-identical across 
 and thread counts, and normal."""
 
 import math
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,23 @@ def _levels() -> list[int]:
     return list(range(["plain", "avx2", "avx512"].index(gauss._gk.isa()) + 1)) if gauss._gk else []
 
 
+def test_the_c_kernel_takes_the_widest_path_this_cpu_has():
+    """isa() against the CPU's own flags (x86-64 Linux), so that the per-path tests below cannot
+    quietly test plain C alone on a CPU with vector instructions."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if gauss._gk is None or not cpuinfo.is_file() or platform.machine() != "x86_64":
+        pytest.skip("C kernel not built, or not x86-64 Linux")
+    flags = set(next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")).split())
+    want = "avx512" if {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= flags else "avx2" if "avx2" in flags else "plain"
+    assert gauss._gk.isa() == want
+    cap = gauss._gk.limit(0)
+    try:
+        assert gauss._gk.isa() == "plain" and gauss._gk.limit(0) == 0
+    finally:
+        gauss._gk.limit(cap)
+    assert gauss._gk.isa() == want
+
+
 def test_every_vector_path_of_the_c_kernel_gives_the_torch_values(monkeypatch):
     """Each instruction set the kernel has and this CPU runs (plain C, AVX2, AVX-512) gives the
     torch ops' values and stream position: sizes across its 4-word groups and 4096-word blocks,
@@ -155,6 +173,7 @@ def test_every_vector_path_of_the_c_kernel_gives_the_torch_values(monkeypatch):
         for dtype in (torch.float32, torch.float64):
             for n, at in cases:
                 want[dtype, n, at] = draw(n, dtype, at)
+    cap = gauss._gk.limit(2)
     try:
         for level in _levels():
             gauss._gk.limit(level)
@@ -162,7 +181,7 @@ def test_every_vector_path_of_the_c_kernel_gives_the_torch_values(monkeypatch):
                 got, gpos = draw(n, dtype, at)
                 assert torch.equal(got, vals) and gpos == pos, (level, dtype, n, at)
     finally:
-        gauss._gk.limit(2)
+        gauss._gk.limit(cap)
     with pytest.raises(ValueError, match="level must be"):
         gauss._gk.limit(3)
 
@@ -176,13 +195,14 @@ def test_the_slow_path_in_c_equals_torch_and_log_exp_are_accurate():
     cand = torch.cat([w[bad], w[(w & 255) == 0][:2000]])  # wedge rejects, and layer-0 words (tail)
     e = torch.from_numpy(g.uint64(3 * cand.numel()).view(np.int64).copy()).view(-1, 3)
     b = gauss._pass(cand, e, 0.9)
+    cap = gauss._gk.limit(2)
     try:
         for level in _levels():  # each vector path of the pass, and plain C
             gauss._gk.limit(level)
             a = gauss._pass_c(cand, e, 0.9)
             assert torch.equal(a[0], b[0]) and torch.equal(a[1][a[0]], b[1][a[0]]) and torch.equal(a[2][~a[0]], b[2][~a[0]])
     finally:
-        gauss._gk.limit(2)
+        gauss._gk.limit(cap)
     u = torch.rand(100_000, dtype=torch.float64).add_(1e-300)
     assert ((gauss.log(u) - u.log()).abs() <= 6e-16 * u.log().abs()).all()  # within 3 ulp
     assert repr(gauss.INV_R) in Path(gauss.__file__).with_name("_gausskernel.c").read_text()
@@ -330,6 +350,6 @@ def test_bench_noise_names_the_kernel_path_and_times_each_narrower_one():
     rates = json.loads(r.output[r.output.index("\n{") :])["rates"]  # the JSON, printed last
     isa = gauss._gk.isa() if gauss._gk else None
     assert rates["c_kernel"] == isa
-    assert list(rates["gaussian_per_s_by_kernel"]) == ["plain", "avx2", "avx512"][: len(_levels()) - 1]
+    assert list(rates["gaussian_per_s_by_kernel"]) == ["plain", "avx2", "avx512"][: max(len(_levels()) - 1, 0)]
     assert all(v > 0 for v in rates["gaussian_per_s_by_kernel"].values())
     assert ("C kernel, " in r.output) == (isa is not None) and (gauss._gk is None or gauss._gk.isa() == isa)
