@@ -76,6 +76,7 @@ _ISA_LABELS = {"plain": "plain C", "avx2": "AVX2", "avx512": "AVX-512"}
 
 def sampler_rates(n: int = 1 << 22, device: str | None = None, sigma_dg: float = 130.0) -> dict:
     """Values per second: one core, all cores, and on `device` (when given)."""
+    from dpfl.privacy import samplers
     from dpfl.privacy.samplers import discrete_gaussian, discrete_gaussian_rows
 
     out: dict = {"n": n}
@@ -98,6 +99,10 @@ def sampler_rates(n: int = 1 << 22, device: str | None = None, sigma_dg: float =
         gen = np.random.default_rng(0)
         out["numpy_normal_per_s"] = n / _best(lambda: gen.standard_normal(n, dtype=np.float32))
         out["dg_per_s"] = n / _best(lambda: discrete_gaussian(0, sigma_dg, g, size=n), reps=3)
+        if samplers._kernel() is not None:  # the same integers with the lookup in NumPy
+            table, dg = samplers._gaussian_table(sigma_dg), np.empty(n, np.int64)
+            out["dg_numpy_per_s"] = n / _best(lambda: table.sample_into(dg, samplers.source(g, False), kernel=False),
+                                              reps=3)
     cores = torch.get_num_threads()
     rows = 2 * cores  # rows of n/2 values (a client's share is 1.66 M in setting D)
     m = torch.empty(rows, n // 2)
@@ -207,8 +212,12 @@ def run_bench(n: int = 1 << 22, device: str | None = None, rounds: int = 3, with
                        ("before_per_s", "before: AES-CTR + float64 Box–Muller, 1 core"),
                        ("torch_randn_per_s", "torch.randn (not cryptographic), 1 core"),
                        ("numpy_normal_per_s", "NumPy standard_normal (not cryptographic), 1 core"),
-                       ("dg_per_s", "discrete Gaussian shares (table sampler), 1 core"),
+                       ("dg_per_s", "discrete Gaussian shares (table sampler), 1 core"
+                                    + (" (C kernel lookup)" if "dg_numpy_per_s" in rates else "")),
+                       ("dg_numpy_per_s", "  the same integers, lookup in NumPy"),
                        ("gaussian_all_cores_per_s", f"dpfl Gaussian, rows in {rates['threads']} threads")]:
+        if key not in rates:
+            continue
         t.add_row(label, f"{rates[key] / 1e6:,.1f}")
         if key == "gaussian_per_s":
             for name, r in rates["gaussian_per_s_by_kernel"].items():

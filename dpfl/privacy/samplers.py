@@ -16,6 +16,7 @@ TV <= tail mass beyond K (<= 2^-140 by the choice of K) + (2K+1) 2^-127 (roundin
 
 from __future__ import annotations
 
+import importlib
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -54,6 +55,11 @@ class Source:
         if self.crypto:
             return np.frombuffer(self.rng.bytes(4 * n), dtype="<u4")
         return self.rng.integers(0, 1 << 32, size=n, dtype=np.uint32)
+
+    def words32_reader(self, chunk: int):
+        """f(m) -> the next m uint32 words, as `uint32(m)` gives them (from a CryptoRNG: a view of a
+        buffer reused up to `chunk` words, valid until the next call)."""
+        return self.rng.words32_reader(chunk) if self.crypto else self.uint32
 
     def uint64(self, n: int) -> np.ndarray:
         if self.crypto:
@@ -269,14 +275,26 @@ class _Table:
                                    for a in (self.lut, self.thr, self.lo, self.hi))
         return self._dev[key]
 
-    def sample_into(self, out: np.ndarray, src: Source, mean=None) -> None:
+    def sample_into(self, out: np.ndarray, src: Source, mean=None, kernel: bool = True) -> None:
         """Fill 1-D int64 ``out`` with mean + noise (mean: None, an int or an int array like out).
         One 32-bit word per value; the rare exact cases (in index order) then take 64 + 32 more bits
-        each, from the words after all n (all their 64-bit words, then all their 32-bit words)."""
+        each, from the words after all n (all their 64-bit words, then all their 32-bit words).
+        kernel=False: the lookup in NumPy even where the C kernel is built (the same values)."""
         idx, words = [], []
+        gk = _kernel() if kernel and out.flags.c_contiguous else None
+        if gk is not None:  # the C kernel's lookup: the same values and exact cases, one pass
+            ri, rw = np.empty(min(_CHUNK, out.size), np.int64), np.empty(min(_CHUNK, out.size), np.uint32)
+        read = src.words32_reader(_CHUNK)
         for s in range(0, out.size, _CHUNK):
             e = min(s + _CHUNK, out.size)
-            w = src.uint32(e - s)
+            w = read(e - s)
+            if gk is not None:
+                m = gk.dg_lookup(np.ascontiguousarray(w), self.lut, self.thr, self.lo, self.hi, self.K, self.L,
+                                 out[s:e], ri, rw, s)
+                if m:
+                    idx.append(ri[:m].copy())
+                    words.append(rw[:m].copy())
+                continue
             v, exact = self.lookup(w, np)
             if exact.any():
                 idx.append(np.flatnonzero(exact) + s)
@@ -287,6 +305,16 @@ class _Table:
             out[i] = self._exact(ws, src.uint64(ws.size), src.uint32(ws.size))
         if mean is not None:
             out += mean
+
+
+@lru_cache(maxsize=1)
+def _kernel():
+    """The optional C kernel (setup.py; the same values as `_Table.lookup`), or None where it is not
+    built. Loaded by name: it needs neither torch nor dpfl.rng.gauss."""
+    try:
+        return importlib.import_module("dpfl.rng._gausskernel")
+    except ImportError:  # pragma: no cover - depends on the build
+        return None
 
 
 def _support(name: str, K: int) -> int:
@@ -401,8 +429,14 @@ def _rows_tensor(mu, sigma: float, rngs: list, host: bool):
     dev = mu.device
     out = torch.empty(k, n, dtype=torch.int64, device=dev)
     odd = [r for r, g in enumerate(rngs) if g.position % 4 or host]
-    for r in odd:  # on the CPU (or a stream not at a 32-bit boundary): the CPU sampler
+
+    def row(j: int) -> None:  # on the CPU (or a stream not at a 32-bit boundary): the CPU sampler
+        r = odd[j]
         out[r] = torch.from_numpy(discrete_gaussian(mu[r].cpu().numpy().astype(np.int64), sigma, rngs[r])).to(dev)
+
+    from dpfl.threads import for_each
+
+    for_each(len(odd), row)  # each row from its own stream: the same values on any number of threads
     todo = [r for r in range(k) if r not in set(odd)]
     if not todo or n == 0:
         return out

@@ -165,6 +165,21 @@ class CryptoRNG:
     def uint32(self, n: int) -> np.ndarray:
         return np.frombuffer(self.bytes(4 * n), dtype="<u4").copy()
 
+    def words32_reader(self, chunk: int):
+        """f(m) -> the next m 32-bit words (uint32, the same bytes as `uint32(m)`): a view of one
+        buffer reused up to `chunk` words, else a new array."""
+        zeros = _zeros(4 * chunk)
+        buf = _aligned(4 * chunk + 15)  # update_into wants block size - 1 spare bytes
+        words = buf[: 4 * chunk].view("<u4")
+
+        def read(m: int) -> np.ndarray:
+            if m > chunk:
+                return self.uint32(m)
+            self._fill(zeros[: 4 * m], buf)
+            return words[:m]
+
+        return read
+
 
     def uniform(self, n: int) -> np.ndarray:
         """Uniform floats in [0, 1) with 53 random bits each."""

@@ -434,6 +434,66 @@ done:
     return res;
 }
 
+/* ---- the discrete-Gaussian table sampler's lookup (dpfl.privacy.samplers._Table.lookup) ----
+ *
+ * dg_lookup(words, lut, thr, lo, hi, K, L, out, ex_idx, ex_words, base) -> count: for each uint32
+ * word w, cell h = w >> L, v = lut[h]; a cell holding a boundary (v < -K: SINGLE = INT32_MIN + 1 or
+ * MULTI = INT32_MIN) gives lo[h] if the word's low L bits are below thr[h], else hi[h], and is
+ * exact-checked later when it is MULTI or equal to thr[h]: those words go, in order, to ex_words
+ * and their indices + base to ex_idx. out (int64) gets v. Integer work only. */
+static PyObject *dg_lookup(PyObject *self, PyObject *args) {
+    PyObject *ob[8];
+    long long K, base;
+    int L;
+    if (!PyArg_ParseTuple(args, "OOOOOLiOOOL", &ob[0], &ob[1], &ob[2], &ob[3], &ob[4], &K, &L, &ob[5], &ob[6],
+                          &ob[7], &base))
+        return NULL;
+    static const int wr[8] = {0, 0, 0, 0, 0, 1, 1, 1};
+    static const int isz[8] = {4, 4, 4, 4, 4, 8, 8, 4};
+    Py_buffer b[8];
+    int got = 0;
+    PyObject *res = NULL;
+    for (; got < 8; got++)
+        if (get(ob[got], &b[got], wr[got])) goto done;
+    for (int q = 0; q < 8; q++)
+        if (b[q].itemsize != isz[q]) {
+            PyErr_SetString(PyExc_ValueError, "gausskernel.dg_lookup: bad item sizes");
+            goto done;
+        }
+    Py_ssize_t n = b[0].len / 4, cells = b[1].len / 4;
+    if (L < 0 || L > 31 || cells != ((Py_ssize_t)1 << (32 - L)) || b[2].len != b[1].len || b[3].len != b[1].len
+        || b[4].len != b[1].len || b[5].len / 8 != n || b[6].len / 8 < n || b[7].len / 4 < n || K < 0) {
+        PyErr_SetString(PyExc_ValueError, "gausskernel.dg_lookup: bad buffer sizes");
+        goto done;
+    }
+    const uint32_t *w = b[0].buf, *thr = b[2].buf;
+    const int32_t *lut = b[1].buf, *lo = b[3].buf, *hi = b[4].buf;
+    int64_t *out = b[5].buf, *ri = b[6].buf;
+    uint32_t *rw = b[7].buf;
+    const uint32_t low = L ? (uint32_t)((UINT64_C(1) << L) - 1) : 0;
+    Py_ssize_t m = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t e = 0; e < n; e++) {
+        uint32_t x = w[e], h = L < 32 ? x >> L : 0;
+        int32_t v = lut[h];
+        if (v < -K) { /* a boundary in the cell */
+            uint32_t ul = x & low, t = thr[h];
+            int multi = v == INT32_MIN;
+            v = ul < t ? lo[h] : hi[h];
+            if (multi || ul == t) {
+                ri[m] = base + e;
+                rw[m++] = x;
+            }
+        }
+        out[e] = v;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(m);
+done:
+    for (int q = 0; q < got; q++) PyBuffer_Release(&b[q]);
+    return res;
+}
+
 static const char *isa_names[3] = {"plain", "avx2", "avx512"};
 
 static PyObject *isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(isa_names[isa_level()]); }
@@ -451,6 +511,7 @@ static PyObject *limit(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"fast", fast, METH_VARARGS, "ziggurat fast path: values, and the rejected words and their indices"},
     {"slow", slow, METH_VARARGS, "one pass of the ziggurat's slow path, into out"},
+    {"dg_lookup", dg_lookup, METH_VARARGS, "the discrete-Gaussian table sampler's lookup; returns the exact cases' count"},
     {"isa", isa, METH_NOARGS, "the vector instructions the kernel uses: plain, avx2 or avx512"},
     {"limit", limit, METH_VARARGS, "cap the vector instructions (0 plain C, 1 AVX2, 2 AVX-512); returns the cap before"},
     {NULL, NULL, 0, NULL},

@@ -317,6 +317,16 @@ def test_discrete_gaussian_rows_in_tensor_ops_equal_the_cpu_sampler(sigma):
     got = _rows_tensor(mu, sigma, b, host=False)
     assert all(np.array_equal(want[r], got[r].numpy()) for r in range(4))
     assert [g.position for g in a] == [g.position for g in b]
+    was = torch.get_num_threads()
+    try:  # the CPU path: rows in threads, the same integers and positions on 1 and 3 threads
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            c = rngs()
+            host = _rows_tensor(mu, sigma, c, host=True)
+            assert all(np.array_equal(want[r], host[r].numpy()) for r in range(4)), threads
+            assert [g.position for g in a] == [g.position for g in c]
+    finally:
+        torch.set_num_threads(was)
     # the exact path was taken (its 96 extra bits seldom decide an atom at these sizes: what this
     # checks of them is how many each row reads, through the stream positions above)
     if sigma > 100:

@@ -150,10 +150,19 @@ class _StubSource(S.Source):
     def uint64(self, n):
         return np.full(n, self.fill, dtype=np.uint64)
 
+    def words32_reader(self, chunk):
+        return self.uint32
 
+
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
 @pytest.mark.parametrize("sigma", [0.7, 3.0, 40.0])
-def test_table_decisions_match_the_128bit_cdf_exactly(sigma):
-    """For words at every in-cell threshold (and random ones) the output is #{C_k <= u}."""
+def test_table_decisions_match_the_128bit_cdf_exactly(sigma, kernel, monkeypatch):
+    """For words at every in-cell threshold (and random ones) the output is #{C_k <= u}: by the
+    C kernel's lookup (where built) and by the NumPy one."""
+    if kernel == "c" and S._kernel() is None:
+        pytest.skip("C kernel not built")
+    if kernel == "numpy":
+        monkeypatch.setattr(S, "_kernel", lambda: None)
     t = S._gaussian_table(sigma)
     cdf = [(int(h) << 64) | int(lo) for h, lo in zip(t.c_hi, t.c_lo)]
     L = t.L
