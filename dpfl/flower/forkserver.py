@@ -34,7 +34,8 @@ ENV = "DPFL_FORK_SERVER"  # the socket's path, in the SuperNode's environment (i
 STREAMS = 3  # stdin, stdout, stderr: passed with the request (SCM_RIGHTS)
 MAX_REQUEST = 1 << 20  # bytes of a request: argv, cwd and environment as JSON
 MAX_ARGS = 256
-INT = struct.Struct("!i")  # the child's pid, then its exit status
+INT = struct.Struct("!i")  # the child's pid, then its exit status (from the child), or -N (from the
+# server) for a child killed by signal N before it could send one
 
 
 def parse_request(data: bytes) -> tuple[list[str], str, dict[str, str]]:
@@ -224,14 +225,25 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
         os._exit(code)
 
 
-def _reap() -> None:
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Wait for ended children; for one killed by a signal, tell its script which (-N), so that the
+    script ends by it too; then close the server's end of the child's connection."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        conn = children.pop(pid, None)
+        if conn is None:
+            continue
+        if os.WIFSIGNALED(status):
+            try:
+                conn.sendall(INT.pack(-os.WTERMSIG(status)))
+            except OSError:  # the script is gone
+                pass
+        conn.close()
 
 
 def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
@@ -240,6 +252,7 @@ def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
     me = os.getpid()
     uid = os.getuid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    children: dict[int, socket.socket] = {}  # running forks: the server's end of their script's connection
 
     def stop(*_):
         raise SystemExit(0)
@@ -255,7 +268,7 @@ def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
         sys.stdout.flush()
         sys.stderr.flush()  # nothing buffered is copied into the children
         while os.getppid() == parent:
-            _reap()
+            _reap(children)
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
@@ -281,10 +294,15 @@ def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
                 pid = -1
             if pid == 0:
                 listener.close()
+                for other in children.values():  # the other scripts' connections are not this fork's
+                    other.close()
                 _child(conn, argv, cwd, env, fds, main)
             for fd in fds:
                 os.close(fd)
-            conn.close()
+            if pid > 0:
+                children[pid] = conn  # kept until the child is reaped: a signal that kills it is reported
+            else:
+                conn.close()
     finally:
         if os.getpid() == me:
             listener.close()

@@ -115,6 +115,13 @@ def forked():
         print(f"flwr-clientapp (dpfl): the forked ClientApp (pid {{pid}}) ended without an exit status",
               file=sys.stderr, flush=True)
         return 1
+    if code < 0:  # the fork was killed by signal -code: so is this process, as a launched one would be
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL: no handler to reset
+            pass
+        os.kill(os.getpid(), -code)
+        return 128 - code  # not ended by it after all: the shell's status for it
     return code
 
 

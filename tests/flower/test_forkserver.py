@@ -37,6 +37,9 @@ def main():
     print("ARGV", sys.argv[1:], "CWD", os.getcwd(), "X", os.environ.get("DPFL_TEST_X"), flush=True)
     if sys.argv[1:2] == ["sleep"]:
         time.sleep(60)
+    if sys.argv[1:2] == ["selfkill"]:
+        os.kill(os.getpid(), int(sys.argv[2]))
+        time.sleep(60)
     if sys.argv[1:2] == ["block"]:
         import threading
         threading.Event().wait()  # no timeout: only a signal to the main thread ends it
@@ -100,6 +103,24 @@ def test_signals_reach_the_fork_and_a_killed_script_takes_it_along(tmp_path):
             assert mark.read_text() == "TERM", how  # the fork got SIGTERM: passed on, or its script gone
             if how == signal.SIGTERM:
                 assert p.returncode == 3 and p.stdout.read().strip() == "TERM"  # the fork's own status
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def test_a_fork_killed_by_a_signal_ends_its_script_by_the_same_signal(tmp_path):
+    # as a launched ClientApp killed by it would end; the fork cannot report it, the server does
+    srv, sock = _server(tmp_path)
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        for sig in (signal.SIGKILL, signal.SIGUSR1):
+            res = subprocess.run([str(_script(tmp_path)), "selfkill", str(int(sig))], env=env, capture_output=True,
+                                 text=True, timeout=60, check=False)
+            assert res.returncode == -sig and res.stdout.startswith("ARGV ['selfkill'"), (sig, res.stderr)
+            assert "without an exit status" not in res.stderr
+        res = subprocess.run([str(_script(tmp_path)), "4"], env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert res.returncode == 4  # the server goes on
     finally:
         srv.terminate()
         srv.wait(timeout=30)
