@@ -66,6 +66,19 @@ def recv_int(s):
     return INT.unpack(buf)[0]
 
 
+def ended_by(sig):
+    # the fork was killed by signal sig: so is this process, as a launched one would be
+    if not 0 < sig < signal.NSIG:
+        print(f"flwr-clientapp (dpfl): the fork server reported signal {{sig}}, not one", file=sys.stderr, flush=True)
+        return 1
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+        pass
+    os.kill(os.getpid(), sig)
+    return 128 + sig  # not ended by it after all: the shell's status for it
+
+
 def forked():
     # the fork's exit status; None where no fork server ran Flower's function
     path = os.environ.get("{env}", "")
@@ -93,6 +106,9 @@ def forked():
         s.close()
         print("flwr-clientapp (dpfl): the fork server refused the request", file=sys.stderr, flush=True)
         return None
+    if pid <= 0:  # the fork was killed before it sent its pid: the server's report
+        s.close()
+        return ended_by(-pid)
     s.settimeout(None)
     try:
         pidfd = os.pidfd_open(pid)  # signals reach this child even once its pid is reused
@@ -115,14 +131,7 @@ def forked():
         print(f"flwr-clientapp (dpfl): the forked ClientApp (pid {{pid}}) ended without an exit status",
               file=sys.stderr, flush=True)
         return 1
-    if code < 0:  # the fork was killed by signal -code: so is this process, as a launched one would be
-        try:
-            signal.signal(-code, signal.SIG_DFL)
-        except (OSError, ValueError):  # SIGKILL: no handler to reset
-            pass
-        os.kill(os.getpid(), -code)
-        return 128 - code  # not ended by it after all: the shell's status for it
-    return code
+    return ended_by(-code) if code < 0 else code
 
 
 code = forked()
@@ -142,6 +151,8 @@ SUPERNODE_SCRIPT = '''#!{python}
 # the SuperLink (Flower: 3 s) and checking for a ClientApp's reply every 0.05 s (Flower: 0.5 s); with
 # dpfl's fork server for its ClientApps where FORK_SERVER names it (dpfl/flower/forkserver.py)
 import os
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -175,32 +186,44 @@ FORK_SERVER = {server!r}  # dpfl's fork server for this SuperNode's ClientApps (
 
 
 def sweep(tmp):
-    # directories dpfl-fork-PID-* of this user whose SuperNode PID is gone, left by a fork server
-    # killed with SIGKILL (one that sees its SuperNode end removes its own); only the socket in them
+    # this user's directories dpfl-fork-PID-* whose SuperNode PID is gone, left by a fork server killed
+    # with SIGKILL (one that sees its SuperNode end removes its own): removed only when they hold
+    # nothing but a socket no server answers on; one odd entry never stops the SuperNode's start
     try:
         names = os.listdir(tmp)
     except OSError:
         return
     for name in names:
-        pid = name.split("-")[2] if name.startswith("dpfl-fork-") and name.count("-") >= 3 else ""
-        path = os.path.join(tmp, name)
         try:
-            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid():
+            pid = name.split("-")[2] if name.startswith("dpfl-fork-") and name.count("-") >= 3 else ""
+            if not (pid.isascii() and pid.isdigit() and 0 < int(pid) < 1 << 22):
                 continue
-            os.kill(int(pid), 0)
-            continue  # alive (or its pid reused: left alone)
-        except ProcessLookupError:
-            pass
-        except OSError:
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive (or its pid reused: left alone)
+            except ProcessLookupError:
+                pass
+            path = os.path.join(tmp, name)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                if os.stat(fd).st_uid != os.getuid() or os.listdir(fd) != ["s"]:
+                    continue
+                if not stat.S_ISSOCK(os.stat("s", dir_fd=fd, follow_symlinks=False).st_mode):
+                    continue
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    probe.connect(os.path.join(path, "s"))
+                    continue  # a server answers (its SuperNode in another pid namespace): kept
+                except OSError:
+                    pass
+                finally:
+                    probe.close()
+                os.unlink("s", dir_fd=fd)
+            finally:
+                os.close(fd)
+            os.rmdir(path)
+        except Exception:  # noqa: BLE001
             continue
-        try:
-            os.unlink(os.path.join(path, "s"))
-        except OSError:
-            pass
-        try:
-            os.rmdir(path)  # anything else in it: left as it is
-        except OSError:
-            pass
 
 
 os.environ.pop("{env}", None)

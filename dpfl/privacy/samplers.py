@@ -426,6 +426,8 @@ def _rows_tensor(mu, sigma: float, rngs: list, host: bool):
 
     table = _gaussian_table(_check_scale("sigma", sigma))
     k, n = mu.shape
+    if len({id(g) for g in rngs}) != len(rngs):  # rows run in threads: one stream twice would race
+        raise PrivacyError("discrete_gaussian_rows: each row needs a generator of its own (one appears twice)")
     dev = mu.device
     out = torch.empty(k, n, dtype=torch.int64, device=dev)
     odd = [r for r, g in enumerate(rngs) if g.position % 4 or host]

@@ -301,6 +301,8 @@ def gaussian_rows(rngs: list[CryptoRNG], out: torch.Tensor, std: float, threads:
     _check_std(std)
     if out.dim() != 2 or out.shape[0] != len(rngs) or not out.is_contiguous() or not out.dtype.is_floating_point:
         raise ValueError("gaussian_rows needs a contiguous float [len(rngs), n] tensor")
+    if len({id(g) for g in rngs}) != len(rngs):  # rows run in threads: one stream twice would race
+        raise ValueError("gaussian_rows: each row needs a generator of its own (one appears twice)")
     if out.device.type != "cpu":
         from dpfl.rng.device import gaussian_rows as on_device
 

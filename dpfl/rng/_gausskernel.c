@@ -455,14 +455,19 @@ static PyObject *dg_lookup(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     for (; got < 8; got++)
         if (get(ob[got], &b[got], wr[got])) goto done;
-    for (int q = 0; q < 8; q++)
-        if (b[q].itemsize != isz[q]) {
-            PyErr_SetString(PyExc_ValueError, "gausskernel.dg_lookup: bad item sizes");
+    static const char *kinds[8] = {"I", "i", "I", "i", "i", "lq", "lq", "I"}; /* uint32, int32, int64 */
+    for (int q = 0; q < 8; q++) {
+        const char *f = b[q].format ? b[q].format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') f++;
+        if (b[q].itemsize != isz[q] || strlen(f) != 1 || !strchr(kinds[q], *f)) {
+            PyErr_SetString(PyExc_ValueError, "gausskernel.dg_lookup: bad item types");
             goto done;
         }
+    }
     Py_ssize_t n = b[0].len / 4, cells = b[1].len / 4;
     if (L < 0 || L > 31 || cells != ((Py_ssize_t)1 << (32 - L)) || b[2].len != b[1].len || b[3].len != b[1].len
-        || b[4].len != b[1].len || b[5].len / 8 != n || b[6].len / 8 < n || b[7].len / 4 < n || K < 0) {
+        || b[4].len != b[1].len || b[5].len / 8 != n || b[6].len / 8 < n || b[7].len / 4 < n || K < 0
+        || K > (INT64_C(1) << 30)) { /* K far from the INT32_MIN markers */
         PyErr_SetString(PyExc_ValueError, "gausskernel.dg_lookup: bad buffer sizes");
         goto done;
     }

@@ -126,6 +126,25 @@ def test_a_fork_killed_by_a_signal_ends_its_script_by_the_same_signal(tmp_path):
         srv.wait(timeout=30)
 
 
+def test_a_fork_killed_before_it_sent_its_pid_ends_its_script_by_that_signal(tmp_path):
+    # the server's report comes where the pid would: the script must not take it for a pid
+    d = tmp_path / "fake"
+    d.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(d / "s"))
+        srv.listen(1)
+        env = {**os.environ, launcher.FORK_ENV: str(d / "s")}
+        p = subprocess.Popen([str(_script(tmp_path)), "--help"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        conn, _ = srv.accept()
+        with conn:
+            n = struct.unpack("!I", conn.recv(4, socket.MSG_WAITALL))[0]
+            conn.recv(n, socket.MSG_WAITALL)
+            conn.sendall(forkserver.INT.pack(-int(signal.SIGUSR1)))
+            out, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGUSR1 and out == "", err  # Flower's function never ran here
+
+
 def test_a_fork_whose_superexec_is_gone_is_interrupted_even_when_blocked(tmp_path):
     # Flower's own parent monitor raises SIGINT in its monitor thread only: a main thread blocked in a
     # wait without a timeout (a task pull from a SuperNode killed mid-message) would never see it
@@ -176,14 +195,27 @@ def test_dpfl_supernode_starts_a_server_that_ends_with_it(tmp_path):
     tmp.mkdir()
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid no process has now
+
+    def sock_file(path):  # a socket no server answers on, as a server killed with SIGKILL leaves it
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as x:
+            x.bind(str(path))
+
     left = {f"dpfl-fork-{gone.pid}-a": ["s"],  # a server killed with SIGKILL: swept
-            f"dpfl-fork-{gone.pid}-b": ["s", "other"],  # something else in it: kept
-            f"dpfl-fork-{os.getpid()}-c": ["s"],  # a live SuperNode's: kept
-            "dpfl-fork-d": ["s"]}  # not named by a pid: kept
+            f"dpfl-fork-{gone.pid}-b": ["s", "other"],  # something else in it: kept whole
+            f"dpfl-fork-{gone.pid}-c": [],  # a plain file named s, not a socket: kept
+            f"dpfl-fork-{os.getpid()}-d": ["s"],  # a live SuperNode's: kept
+            "dpfl-fork-e": ["s"],  # not named by a pid: kept
+            "dpfl-fork-\u00b2-f": ["s"]}  # a digit that is not ASCII: kept, and no crash
     for name, files in left.items():
         (tmp / name).mkdir(mode=0o700)
         for f in files:
-            (tmp / name / f).write_text("")
+            sock_file(tmp / name / f) if f == "s" else (tmp / name / f).write_text("")
+    (tmp / f"dpfl-fork-{gone.pid}-c" / "s").write_text("")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    sock_file(victim / "s")
+    (tmp / f"dpfl-fork-{gone.pid}-g").symlink_to(victim)  # a link: never followed
+    left[f"dpfl-fork-{gone.pid}-g"] = []
     env = {**os.environ, "TMPDIR": str(tmp), "FLWR_TELEMETRY_ENABLED": "0"}
     env.pop(launcher.FORK_ENV, None)
     p = subprocess.Popen([str(node), "--insecure", "--superlink", "127.0.0.1:9", "--max-retries", "1000"], env=env,
@@ -194,6 +226,8 @@ def test_dpfl_supernode_starts_a_server_that_ends_with_it(tmp_path):
             time.sleep(0.1)
         (sock,) = tmp.glob(f"dpfl-fork-{p.pid}-*/s")
         assert sorted(d.name for d in tmp.iterdir() if d != sock.parent) == sorted(set(left) - {f"dpfl-fork-{gone.pid}-a"})
+        assert sorted(f.name for f in (tmp / f"dpfl-fork-{gone.pid}-b").iterdir()) == ["other", "s"]
+        assert (victim / "s").exists() and (tmp / f"dpfl-fork-{gone.pid}-c" / "s").is_file()
         assert oct(sock.parent.stat().st_mode & 0o777) == "0o700" and oct(sock.stat().st_mode & 0o777) == "0o600"
         (server,) = [pid for pid in descendants([p.pid]) if "forkserver" in _cmdline(pid)]
         argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")[:-1]

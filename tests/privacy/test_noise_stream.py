@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 import dpfl.rng as R
+from dpfl.errors import PrivacyError
 from dpfl.privacy import mechanisms as M
 from dpfl.rng import CryptoRNG, Seeds, chacha, gauss, gaussian_cpu, gaussian_rows
 from dpfl.rng import device as D
@@ -317,6 +318,11 @@ def test_discrete_gaussian_rows_in_tensor_ops_equal_the_cpu_sampler(sigma):
     got = _rows_tensor(mu, sigma, b, host=False)
     assert all(np.array_equal(want[r], got[r].numpy()) for r in range(4))
     assert [g.position for g in a] == [g.position for g in b]
+    shared = Seeds(1).crypto("dg", 9)
+    with pytest.raises(PrivacyError, match="generator of its own"):  # rows in threads: no stream twice
+        _rows_tensor(mu[:2], sigma, [shared, shared], host=True)
+    with pytest.raises(ValueError, match="generator of its own"):
+        gaussian_rows([shared, shared], torch.empty(2, 10), 1.0)
     was = torch.get_num_threads()
     try:  # the CPU path: rows in threads, the same integers and positions on 1 and 3 threads
         for threads in (1, 3):

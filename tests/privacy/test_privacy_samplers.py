@@ -200,3 +200,18 @@ def test_secure_flag_and_rng_checks():
         discrete_gaussian(0, -1.0, np.random.default_rng(0), size=3)
     with pytest.raises(PrivacyError):
         discrete_gaussian_exact(0.0, 0, np.random.default_rng(0))
+
+
+def test_the_c_lookup_refuses_buffers_of_other_types_and_sizes():
+    gk = S._kernel()
+    if gk is None:
+        pytest.skip("C kernel not built")
+    t = S._gaussian_table(3.0)
+    w, ri, rw = np.arange(10, dtype=np.uint32), np.empty(10, np.int64), np.empty(10, np.uint32)
+    for out in (np.empty(10, np.float64), np.empty(10, np.uint64), np.empty(9, np.int64)):
+        with pytest.raises(ValueError, match="dg_lookup: bad"):
+            gk.dg_lookup(w, t.lut, t.thr, t.lo, t.hi, t.K, t.L, out, ri, rw, 0)
+    with pytest.raises(ValueError, match="dg_lookup: bad"):
+        gk.dg_lookup(w, t.lut, t.thr, t.lo, t.hi, t.K, t.L + 1, np.empty(10, np.int64), ri, rw, 0)  # table size
+    with pytest.raises(ValueError, match="dg_lookup: bad"):
+        gk.dg_lookup(w, t.lut, t.thr, t.lo, t.hi, 2**31, t.L, np.empty(10, np.int64), ri, rw, 0)
