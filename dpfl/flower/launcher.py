@@ -66,8 +66,12 @@ def recv_int(s):
     return INT.unpack(buf)[0]
 
 
+FORWARD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def ended_by(sig):
     # the fork was killed by signal sig: so is this process, as a launched one would be
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARD)
     if not 0 < sig < signal.NSIG:
         print(f"flwr-clientapp (dpfl): the fork server reported signal {{sig}}, not one", file=sys.stderr, flush=True)
         return 1
@@ -124,8 +128,9 @@ def forked():
         except OSError:  # it has ended
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in FORWARD:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARD)  # one that came meanwhile is forwarded now
     code = recv_int(s)
     if code is None:
         print(f"flwr-clientapp (dpfl): the forked ClientApp (pid {{pid}}) ended without an exit status",
@@ -134,7 +139,11 @@ def forked():
     return ended_by(-code) if code < 0 else code
 
 
-code = forked()
+signal.pthread_sigmask(signal.SIG_BLOCK, FORWARD)  # held until the fork's pid is known, to forward them
+try:
+    code = forked()
+finally:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARD)  # before Flower's function runs here (exec keeps the mask)
 if code is None:
     os.execv(sys.executable, [sys.executable, "-P", "-c", FULL, *sys.argv])  # -P: no cwd on sys.path
 sys.exit(code)

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -126,8 +127,10 @@ def test_a_fork_killed_by_a_signal_ends_its_script_by_the_same_signal(tmp_path):
         srv.wait(timeout=30)
 
 
-def test_a_fork_killed_before_it_sent_its_pid_ends_its_script_by_that_signal(tmp_path):
-    # the server's report comes where the pid would: the script must not take it for a pid
+@contextmanager
+def _fake_server(tmp_path):
+    """A stand-in fork server: a script `--help` started against it, its request read; yields the
+    script's Popen and the connection, to answer (or close) as a test's server would."""
     d = tmp_path / "fake"
     d.mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
@@ -138,10 +141,16 @@ def test_a_fork_killed_before_it_sent_its_pid_ends_its_script_by_that_signal(tmp
                              stderr=subprocess.PIPE, text=True)
         conn, _ = srv.accept()
         with conn:
-            n = struct.unpack("!I", conn.recv(4, socket.MSG_WAITALL))[0]
-            conn.recv(n, socket.MSG_WAITALL)
-            conn.sendall(forkserver.INT.pack(-int(signal.SIGUSR1)))
-            out, err = p.communicate(timeout=60)
+            (n,) = struct.unpack("!I", forkserver._recv_exact(conn, 4))
+            forkserver._recv_exact(conn, n)
+            yield p, conn
+
+
+def test_a_fork_killed_before_it_sent_its_pid_ends_its_script_by_that_signal(tmp_path):
+    # the server's report comes where the pid would: the script must not take it for a pid
+    with _fake_server(tmp_path) as (p, conn):
+        conn.sendall(forkserver.INT.pack(-int(signal.SIGUSR1)))
+        out, err = p.communicate(timeout=60)
     assert p.returncode == -signal.SIGUSR1 and out == "", err  # Flower's function never ran here
 
 
@@ -256,17 +265,7 @@ def test_without_a_server_the_script_runs_flowers_function_itself(tmp_path):
 
 
 def test_a_server_that_closes_before_it_forks_leaves_the_script_to_run_flowers_function_once(tmp_path):
-    d = tmp_path / "fake"
-    d.mkdir(mode=0o700)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
-        srv.bind(str(d / "s"))
-        srv.listen(1)
-        env = {**os.environ, launcher.FORK_ENV: str(d / "s")}
-        p = subprocess.Popen([str(_script(tmp_path)), "--help"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        conn, _ = srv.accept()
-        (n,) = struct.unpack("!I", conn.recv(4))
-        forkserver._recv_exact(conn, n)
+    with _fake_server(tmp_path) as (p, conn):
         conn.close()  # as a server does that refuses the request, or dies before it forks
         out, err = p.communicate(timeout=120)
     assert p.returncode == 0 and out.count("usage: flwr-clientapp") == 1
