@@ -66,7 +66,8 @@ def encode_request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
     return struct.pack("!I", len(data)) + data
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of the Unix socket `conn` (SO_PEERCRED)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
@@ -149,7 +150,8 @@ def _parent_pid(argv: list[str]) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -171,7 +173,7 @@ def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5) -> None:
                 break
         except OSError:
             break
-        if parent is not None and not _alive(parent):
+        if parent is not None and not alive(parent):
             os.kill(os.getpid(), signal.SIGINT)  # process-directed: the main thread's wait is interrupted
             parent = None
     os.kill(os.getpid(), signal.SIGTERM)
@@ -279,7 +281,7 @@ def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
                 continue
             try:
                 conn.settimeout(5.0)
-                if _peer_uid(conn) != uid:
+                if peer_uid(conn) != uid:
                     raise ValueError("a process of another user connected")
                 argv, cwd, env, fds = receive(conn)
                 conn.settimeout(None)

@@ -40,6 +40,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
 from dpfl import errors
 from dpfl.errors import ConfigError, ProtocolError
+from dpfl.flower.forkserver import alive, peer_uid
 
 KINDS = ("query", "train", "train.statistic", "train.sa_train", "evaluate")  # client.SITE_WORKER_KINDS
 IDLE_S = 600.0
@@ -181,7 +182,7 @@ def serve(path: Path, watch_pid: int, load_handlers, idle: float = IDLE_S) -> No
     handlers = load_handlers()
 
     try:
-        while time.monotonic() - last < idle and _alive(watch_pid):
+        while time.monotonic() - last < idle and alive(watch_pid):
             try:
                 conn, _ = srv.accept()
             except TimeoutError:
@@ -216,18 +217,6 @@ def _answer(conn: socket.socket, handlers: Mapping) -> None:
 
 def _same_user(conn: socket.socket) -> bool:
     try:
-        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return peer_uid(conn) == os.getuid()
     except (OSError, AttributeError):
         return False
-    _, uid, _ = struct.unpack("3i", cred)
-    return uid == os.getuid()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
