@@ -505,8 +505,14 @@ def bench_cli(
 def _mount_bench(name: str, module: str, help: str) -> None:
     @bench_app.command(name, help=help)
     def _cmd() -> None:
-        mod = importlib.import_module(module)
-        mod.run_bench()
+        try:
+            mod = importlib.import_module(module)
+            mod.run_bench()
+        except DpflError as e:  # e.g. a setting in the environment that does not apply
+            from rich.markup import escape
+
+            console.print(f"[red]error:[/red] {escape(str(e))}")
+            raise typer.Exit(2) from None
 
 
 for _n, _m, _h in [("privacy", "dpfl.bench.privacy", "Time to account 10,000 rounds under each backend."),

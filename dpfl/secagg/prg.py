@@ -44,9 +44,17 @@ except ImportError:  # not compiled on this platform
     _native, _level = None, 0
 
 
+def _check_choice() -> None:
+    """DPFL_SECAGG_KERNEL, checked where masks are made (a ConfigError there is one line of the CLI)."""
+    choice = os.environ.get("DPFL_SECAGG_KERNEL", "")
+    if choice not in ("", "0", "aesni"):
+        raise ConfigError(f"DPFL_SECAGG_KERNEL must be 0 (OpenSSL + NumPy) or aesni, got {choice!r}")
+
+
 def kernel_in_use() -> str | None:
     """The C kernel computing the masks ("vaes-512", "vaes-256" or "aes-ni"), or None (OpenSSL via
     `cryptography` + NumPy)."""
+    _check_choice()
     return {3: "vaes-512", 2: "vaes-256", 1: "aes-ni"}.get(_level) if _native is not None else None
 
 
@@ -153,6 +161,7 @@ def mask_rows(
     each segment right after its last mask, while it is still in cache. `use_native=False`
     forces the pure-Python path (the C kernel, where available, gives the same words).
     """
+    _check_choice()
     if y.ndim != 2 or y.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64)) or y.strides[1] != y.itemsize:
         raise ConfigError(
             f"masks apply to uint32/uint64 rows with contiguous columns, got {y.dtype} {y.shape}"

@@ -254,3 +254,13 @@ def test_environment_chooses_the_mask_path(choice, expect):
     env = {**os.environ, "DPFL_SECAGG_KERNEL": choice}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == expect
+
+
+def test_an_unknown_kernel_choice_is_refused_where_masks_are_made(monkeypatch):
+    from dpfl.errors import ConfigError
+
+    monkeypatch.setenv("DPFL_SECAGG_KERNEL", "vaes")
+    with pytest.raises(ConfigError, match="DPFL_SECAGG_KERNEL must be 0"):
+        prg.kernel_in_use()
+    with pytest.raises(ConfigError, match="DPFL_SECAGG_KERNEL must be 0"):
+        prg.mask_rows(np.zeros((2, 8), np.uint32), [[], []])
