@@ -16,7 +16,6 @@ TV <= tail mass beyond K (<= 2^-140 by the choice of K) + (2K+1) 2^-127 (roundin
 
 from __future__ import annotations
 
-import importlib
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -25,7 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from dpfl.errors import PrivacyError
-from dpfl.rng import CryptoRNG
+from dpfl.rng import CryptoRNG, c_kernel
 
 _FIX = 200  # fixed-point bits of the weights
 _TAIL_LOG2 = -140  # tail-mass target, log2
@@ -307,14 +306,9 @@ class _Table:
             out += mean
 
 
-@lru_cache(maxsize=1)
 def _kernel():
-    """The optional C kernel (setup.py; the same values as `_Table.lookup`), or None where it is not
-    built. Loaded by name: it needs neither torch nor dpfl.rng.gauss."""
-    try:
-        return importlib.import_module("dpfl.rng._gausskernel")
-    except ImportError:  # pragma: no cover - depends on the build
-        return None
+    """The C lookup (`dpfl.rng.c_kernel`; without torch), or None where it is not built."""
+    return c_kernel()
 
 
 def _support(name: str, K: int) -> int:

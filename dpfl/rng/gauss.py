@@ -23,12 +23,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-try:  # the optional C kernel (setup.py): the same values, faster on the CPU
-    import importlib
+from dpfl.rng import c_kernel
 
-    _gk = importlib.import_module("dpfl.rng._gausskernel")
-except ImportError:  # pragma: no cover - depends on the build
-    _gk = None
+_gk = c_kernel()  # None where it is not built (tests set it to None for the torch path)
 
 R = 3.6541528853610088  # Marsaglia & Tsang (2000), 256 layers
 INV_R = 1.0 / R  # multiplied, never divided by: CUDA divides by a scalar as a product by its inverse
