@@ -24,7 +24,8 @@ from functools import lru_cache
 import numpy as np
 
 from dpfl.errors import PrivacyError
-from dpfl.rng import CryptoRNG, c_kernel
+from dpfl.rng import CryptoRNG
+from dpfl.rng.kernel import c_kernel
 
 _FIX = 200  # fixed-point bits of the weights
 _TAIL_LOG2 = -140  # tail-mass target, log2

@@ -66,17 +66,6 @@ class Seeds:
 _CHUNK = 1 << 16  # words per chunk of a CPU Gaussian draw (512 KiB of keystream: stays in cache)
 
 
-def c_kernel():
-    """The optional C kernel of the Gaussian and discrete-Gaussian samplers (`_gausskernel.c`, built
-    by setup.py; the same values as the NumPy / torch code), or None where it is not built."""
-    import importlib
-
-    try:
-        return importlib.import_module("dpfl.rng._gausskernel")  # by name: a compiled module
-    except ImportError:  # pragma: no cover - depends on the build
-        return None
-
-
 class CryptoRNG:
     """ChaCha20 keystream (RFC 8439: 32-byte key, zero nonce, block counter from 0) as a random source.
 

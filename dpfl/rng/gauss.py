@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from dpfl.rng import c_kernel
+from dpfl.rng.kernel import c_kernel
 
 _gk = c_kernel()  # None where it is not built (tests set it to None for the torch path)
 
