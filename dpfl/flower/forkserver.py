@@ -34,6 +34,7 @@ ENV = "DPFL_FORK_SERVER"  # the socket's path, in the SuperNode's environment (i
 STREAMS = 3  # stdin, stdout, stderr: passed with the request (SCM_RIGHTS)
 MAX_REQUEST = 1 << 20  # bytes of a request: argv, cwd and environment as JSON
 MAX_ARGS = 256
+GRACE = 10.0  # s a fork may run on after its SuperExec is gone and it was sent SIGINT
 INT = struct.Struct("!i")  # the child's pid, then its exit status (from the child), or -N (from the
 # server) for a child killed by signal N before it could send one
 
@@ -161,11 +162,14 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5) -> None:
+def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5, grace: float = GRACE) -> None:
     """SIGTERM this process once the script that asked for it is gone (its end of `conn` closes);
     SIGINT it, to the whole process, once the SuperExec (`parent`) is gone. Flower's own monitor
     raises that SIGINT in its monitor thread only, which leaves a main thread blocked in a wait
-    without a timeout (a task pull from a SuperNode killed mid-message) waiting for good."""
+    without a timeout (a task pull from a SuperNode killed mid-message) waiting for good. A fork
+    still running `grace` s after that SIGINT is killed (SIGKILL): a SIGINT that came just before
+    such a wait began is not seen in it (Python runs handlers between bytecodes)."""
+    interrupted = None
     while True:
         try:
             ready, _, _ = select.select([conn], [], [], poll)
@@ -175,11 +179,14 @@ def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5) -> None:
             break
         if parent is not None and not alive(parent):
             os.kill(os.getpid(), signal.SIGINT)  # process-directed: the main thread's wait is interrupted
-            parent = None
+            parent, interrupted = None, time.monotonic()
+        elif interrupted is not None and time.monotonic() - interrupted > grace:
+            os.kill(os.getpid(), signal.SIGKILL)  # its script ends by SIGKILL too (the server reports it)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], fds: list[int], main) -> None:
+def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], fds: list[int], main,
+           grace: float = GRACE) -> None:
     """In the forked child: become the launched process, run Flower's function, report, exit."""
     code = 1
     try:
@@ -196,7 +203,7 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
         os.environ.update(env)
         sys.argv = list(argv)
         conn.sendall(INT.pack(os.getpid()))
-        threading.Thread(target=_watch, args=(conn, _parent_pid(argv)), daemon=True).start()
+        threading.Thread(target=_watch, args=(conn, _parent_pid(argv)), kwargs={"grace": grace}, daemon=True).start()
         try:
             main()
             code = 0
@@ -248,8 +255,9 @@ def _reap(children: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
-    """Serve requests on the Unix socket `path` until process `parent` is gone (or SIGTERM)."""
+def serve(path: str, parent: int, main=None, poll: float = 0.5, grace: float = GRACE) -> None:
+    """Serve requests on the Unix socket `path` until process `parent` is gone (or SIGTERM); a fork
+    whose SuperExec is gone is interrupted (SIGINT), then killed `grace` s later if still running."""
     main = main or load_main()
     me = os.getpid()
     uid = os.getuid()
@@ -298,7 +306,7 @@ def serve(path: str, parent: int, main=None, poll: float = 0.5) -> None:
                 listener.close()
                 for other in children.values():  # the other scripts' connections are not this fork's
                     other.close()
-                _child(conn, argv, cwd, env, fds, main)
+                _child(conn, argv, cwd, env, fds, main, grace)
             for fd in fds:
                 os.close(fd)
             if pid > 0:

@@ -42,14 +42,16 @@ def main():
     if sys.argv[1:2] == ["selfkill"]:
         os.kill(os.getpid(), int(sys.argv[2]))
         time.sleep(60)
-    if sys.argv[1:2] == ["block"]:
+    if sys.argv[1:2] in (["block"], ["deaf"]):
         import threading
+        if sys.argv[1] == "deaf":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         threading.Event().wait()  # no timeout: only a signal to the main thread ends it
     sys.exit(int(sys.argv[1]) if sys.argv[1:2] and sys.argv[1].isdigit() else 0)
 '''
 
 
-def _server(tmp_path, main_code: str | None = PROBE_MAIN):
+def _server(tmp_path, main_code: str | None = PROBE_MAIN, grace: float = forkserver.GRACE):
     """A fork server on tmp_path/fs/s, watching this test's process; its Popen and socket path."""
     d = tmp_path / "fs"
     d.mkdir(mode=0o700)
@@ -57,7 +59,7 @@ def _server(tmp_path, main_code: str | None = PROBE_MAIN):
     main = "None" if main_code is None else "ns['main']"
     code = (f"import runpy; ns = {{}}; exec({main_code or ''!r}, ns)\n"
             f"fs = runpy.run_path({forkserver.__file__!r})\n"
-            f"fs['serve']({str(sock)!r}, {os.getpid()}, main={main})\n")
+            f"fs['serve']({str(sock)!r}, {os.getpid()}, main={main}, grace={grace!r})\n")
     p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not sock.exists():
@@ -165,10 +167,32 @@ def test_a_fork_whose_superexec_is_gone_is_interrupted_even_when_blocked(tmp_pat
         p = subprocess.Popen([str(_script(tmp_path)), "block", "--parent-pid", str(superexec.pid)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert p.stdout.readline().startswith("ARGV ['block'")
+        time.sleep(1)  # the probe is in its wait by now (a SIGINT just before it would be seen by SIGKILL only)
         superexec.kill()
         superexec.wait()
         _, err = p.communicate(timeout=30)
         assert p.returncode == 1 and "KeyboardInterrupt" in err
+    finally:
+        superexec.kill()
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def test_a_fork_that_outlives_its_superexec_by_the_grace_period_is_killed(tmp_path):
+    # a SIGINT that came just before a wait began, or one the ClientApp ignores: SIGKILL after grace
+    srv, sock = _server(tmp_path, grace=1.0)
+    superexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        p = subprocess.Popen([str(_script(tmp_path)), "deaf", "--parent-pid", str(superexec.pid)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().startswith("ARGV ['deaf'")
+        superexec.kill()
+        superexec.wait()
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == -signal.SIGKILL, err  # the script ends as its fork did
+        assert time.monotonic() - t0 >= 1.0  # not before the grace period
     finally:
         superexec.kill()
         srv.terminate()
