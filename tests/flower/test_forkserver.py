@@ -157,46 +157,41 @@ def test_a_fork_killed_before_it_sent_its_pid_ends_its_script_by_that_signal(tmp
     assert p.returncode == -signal.SIGUSR1 and out == "", err  # Flower's function never ran here
 
 
-def test_a_fork_whose_superexec_is_gone_is_interrupted_even_when_blocked(tmp_path):
-    # Flower's own parent monitor raises SIGINT in its monitor thread only: a main thread blocked in a
-    # wait without a timeout (a task pull from a SuperNode killed mid-message) would never see it
-    srv, sock = _server(tmp_path)
+def _superexec_gone(tmp_path, mode: str, grace: float = forkserver.GRACE, settle: float = 0.0):
+    """Start the probe in `mode` under a stand-in SuperExec, kill that SuperExec `settle` s after the
+    probe is running; the script's (return code, stderr, seconds from the kill to its end)."""
+    srv, sock = _server(tmp_path, grace=grace)
     superexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         env = {**os.environ, launcher.FORK_ENV: str(sock)}
-        p = subprocess.Popen([str(_script(tmp_path)), "block", "--parent-pid", str(superexec.pid)], env=env,
+        p = subprocess.Popen([str(_script(tmp_path)), mode, "--parent-pid", str(superexec.pid)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert p.stdout.readline().startswith("ARGV ['block'")
-        time.sleep(1)  # the probe is in its wait by now (a SIGINT just before it would be seen by SIGKILL only)
-        superexec.kill()
-        superexec.wait()
-        _, err = p.communicate(timeout=30)
-        assert p.returncode == 1 and "KeyboardInterrupt" in err
-    finally:
-        superexec.kill()
-        srv.terminate()
-        srv.wait(timeout=30)
-
-
-def test_a_fork_that_outlives_its_superexec_by_the_grace_period_is_killed(tmp_path):
-    # a SIGINT that came just before a wait began, or one the ClientApp ignores: SIGKILL after grace
-    srv, sock = _server(tmp_path, grace=1.0)
-    superexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        env = {**os.environ, launcher.FORK_ENV: str(sock)}
-        p = subprocess.Popen([str(_script(tmp_path)), "deaf", "--parent-pid", str(superexec.pid)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert p.stdout.readline().startswith("ARGV ['deaf'")
+        assert p.stdout.readline().startswith(f"ARGV [{mode!r}")
+        time.sleep(settle)
         superexec.kill()
         superexec.wait()
         t0 = time.monotonic()
         _, err = p.communicate(timeout=30)
-        assert p.returncode == -signal.SIGKILL, err  # the script ends as its fork did
-        assert time.monotonic() - t0 >= 1.0  # not before the grace period
+        return p.returncode, err, time.monotonic() - t0
     finally:
         superexec.kill()
         srv.terminate()
         srv.wait(timeout=30)
+
+
+def test_a_fork_whose_superexec_is_gone_is_interrupted_even_when_blocked(tmp_path):
+    # Flower's own parent monitor raises SIGINT in its monitor thread only: a main thread blocked in a
+    # wait without a timeout (a task pull from a SuperNode killed mid-message) would never see it.
+    # settle: the probe is in its wait by then (a SIGINT just before it would be seen by SIGKILL only)
+    code, err, _ = _superexec_gone(tmp_path, "block", settle=1.0)
+    assert code == 1 and "KeyboardInterrupt" in err
+
+
+def test_a_fork_that_outlives_its_superexec_by_the_grace_period_is_killed(tmp_path):
+    # a SIGINT that came just before a wait began, or one the ClientApp ignores: SIGKILL after grace
+    code, err, seconds = _superexec_gone(tmp_path, "deaf", grace=1.0)
+    assert code == -signal.SIGKILL, err  # the script ends as its fork did
+    assert seconds >= 1.0  # not before the grace period
 
 
 def test_a_bad_request_is_refused_in_one_line_and_the_server_goes_on(tmp_path):
