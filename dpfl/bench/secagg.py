@@ -79,6 +79,7 @@ def run_bench(
 ) -> dict:
     """Time one secure-aggregation round per neighbour graph (None = complete) and print a table."""
     console = console or Console()
+    kernel_in_use()  # a bad DPFL_SECAGG_KERNEL is refused before anything is timed
     if round_seconds is None:  # the reference: this machine's setting-D training round (vectorized engine)
         from dpfl.bench.engine import training_round_seconds
 

@@ -264,3 +264,11 @@ def test_an_unknown_kernel_choice_is_refused_where_masks_are_made(monkeypatch):
         prg.kernel_in_use()
     with pytest.raises(ConfigError, match="DPFL_SECAGG_KERNEL must be 0"):
         prg.mask_rows(np.zeros((2, 8), np.uint32), [[], []])
+    from dpfl.bench import secagg as bench
+
+    def no_round():
+        raise AssertionError("the bench timed a training round before it checked the kernel choice")
+
+    monkeypatch.setattr("dpfl.bench.engine.training_round_seconds", no_round)
+    with pytest.raises(ConfigError, match="DPFL_SECAGG_KERNEL must be 0"):
+        bench.run_bench(clients=2, params=8)
