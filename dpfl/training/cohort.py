@@ -86,8 +86,6 @@ def _pool_before_relu(gm: fx.GraphModule) -> None:
 class LowRank:
     """A cohort's Linear weight kept as W_0 − lr·Σ_j G_jᵀ X_j (see the module docstring)."""
 
-    BLOCK_ELEMENTS = 1 << 25  # `delta` into a strided view: through a contiguous block of ≤ 128 MiB (float32)
-
     def __init__(self, w0: torch.Tensor, lr: float):
         self.w0, self.lr = w0, lr
         self.xs: list[torch.Tensor] = []  # [k, B, in] per step
@@ -116,18 +114,7 @@ class LowRank:
         if not self.gs:
             return out.zero_()
         xh, gh = torch.cat(self.xs, 1), torch.cat(self.gs, 1)
-        if out.is_contiguous():
-            return torch.baddbmm(out, gh.transpose(1, 2), xh, beta=0, alpha=-self.lr, out=out)
-        # a view into the cohort's [k, n] rows: bmm into a strided batch takes a per-matrix path
-        # (2-10x slower on a CPU); the same products go through a contiguous block instead
-        rows = max(1, min(out.shape[0], self.BLOCK_ELEMENTS // max(1, out[0].numel())))
-        buf = torch.empty((rows, *out.shape[1:]), dtype=out.dtype, device=out.device)
-        for r0 in range(0, out.shape[0], rows):
-            r1 = min(out.shape[0], r0 + rows)
-            b = buf[: r1 - r0]
-            torch.baddbmm(b, gh[r0:r1].transpose(1, 2), xh[r0:r1], beta=0, alpha=-self.lr, out=b)
-            out[r0:r1].copy_(b)
-        return out
+        return torch.baddbmm(out, gh.transpose(1, 2), xh, beta=0, alpha=-self.lr, out=out)
 
 
 class CohortModel:

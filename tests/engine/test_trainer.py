@@ -149,28 +149,3 @@ def test_pool_before_relu_rewrite_is_exact_in_values_and_gradients():
     assert torch.equal(out, ref)
     for a, b in zip(out_g, ref_g):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("block_rows", [1, 2, 3, 7])
-def test_lowrank_delta_into_a_strided_view_is_the_direct_product_bit_for_bit(monkeypatch, block_rows):
-    # the cohort's update rows are [k, n]; a Linear weight's part is a view with batch stride n
-    from dpfl.training.cohort import LowRank
-
-    torch.manual_seed(0)
-    k, o, i, n, off = 7, 24, 40, 24 * 40 + 13, 5
-    lr = LowRank(torch.randn(o, i), 0.3)
-    for _ in range(2):  # two steps of history: [k, B, in] and [k, B, out] each
-        lr.xs.append(torch.randn(k, 4, i))
-        lr.gs.append(torch.randn(k, 4, o))
-    xh, gh = torch.cat(lr.xs, 1), torch.cat(lr.gs, 1)
-    direct = torch.empty(k, n)[:, off:off + o * i].view(k, o, i)
-    torch.baddbmm(direct, gh.transpose(1, 2), xh, beta=0, alpha=-0.3, out=direct)  # the per-matrix path
-    monkeypatch.setattr(LowRank, "BLOCK_ELEMENTS", block_rows * o * i)
-    rows = torch.full((k, n), float("nan"))
-    out = rows[:, off:off + o * i].view(k, o, i)
-    assert not out.is_contiguous()
-    assert lr.delta(out) is out
-    assert torch.equal(out, direct)
-    assert rows[:, :off].isnan().all() and rows[:, off + o * i:].isnan().all()  # nothing else written
-    contiguous = lr.delta(torch.empty(k, o, i))
-    assert torch.equal(contiguous, direct)
