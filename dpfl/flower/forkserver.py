@@ -168,7 +168,8 @@ def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5, grace: fl
     raises that SIGINT in its monitor thread only, which leaves a main thread blocked in a wait
     without a timeout (a task pull from a SuperNode killed mid-message) waiting for good. A fork
     still running `grace` s after that SIGINT is killed (SIGKILL): a SIGINT that came just before
-    such a wait began is not seen in it (Python runs handlers between bytecodes)."""
+    such a wait began is not seen in it (Python runs handlers between bytecodes); also one still
+    in its exit path then (its status is then -9: its SuperExec, which would read it, is gone)."""
     interrupted = None
     while True:
         try:
