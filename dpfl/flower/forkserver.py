@@ -34,7 +34,8 @@ ENV = "DPFL_FORK_SERVER"  # the socket's path, in the SuperNode's environment (i
 STREAMS = 3  # stdin, stdout, stderr: passed with the request (SCM_RIGHTS)
 MAX_REQUEST = 1 << 20  # bytes of a request: argv, cwd and environment as JSON
 MAX_ARGS = 256
-GRACE = 10.0  # s a fork may run on after its SuperExec is gone and it was sent SIGINT
+GRACE = 10.0  # s a fork may run on after its SuperExec is gone
+WAKE = signal.SIGURG  # ignored by default; a fork's handler for it does nothing (_watch)
 INT = struct.Struct("!i")  # the child's pid, then its exit status (from the child), or -N (from the
 # server) for a child killed by signal N before it could send one
 
@@ -162,15 +163,21 @@ def alive(pid: int) -> bool:
     return True
 
 
+def _wake(*_) -> None:
+    """WAKE's handler: nothing. Its delivery interrupts the main thread's wait, and Python then runs the
+    handlers pending."""
+
+
 def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5, grace: float = GRACE) -> None:
-    """SIGTERM this process once the script that asked for it is gone (its end of `conn` closes);
-    SIGINT it, to the whole process, once the SuperExec (`parent`) is gone. Flower's own monitor
-    raises that SIGINT in its monitor thread only, which leaves a main thread blocked in a wait
-    without a timeout (a task pull from a SuperNode killed mid-message) waiting for good. A fork
-    still running `grace` s after that SIGINT is killed (SIGKILL): a SIGINT that came just before
-    such a wait began is not seen in it (Python runs handlers between bytecodes); also one still
-    in its exit path then (its status is then -9: its SuperExec, which would read it, is gone)."""
-    interrupted = None
+    """SIGTERM this process once the script that asked for it is gone (its end of `conn` closes).
+    Once the SuperExec (`parent`) is gone, Flower's own monitor raises SIGINT in its monitor thread
+    only, which a main thread blocked in a wait without a timeout (a task pull from a SuperNode killed
+    mid-message) never sees. So from then on this thread sends the whole process WAKE every `poll` s:
+    the main thread's wait is interrupted and Python runs Flower's pending handler (its graceful exit),
+    which a second SIGINT would cut short. A fork still running `grace` s later is killed (SIGKILL):
+    a ClientApp that ignores SIGINT, or one still in its exit path then (its status is then -9: the
+    SuperExec that would read it is gone)."""
+    gone = None
     while True:
         try:
             ready, _, _ = select.select([conn], [], [], poll)
@@ -178,11 +185,12 @@ def _watch(conn: socket.socket, parent: int | None, poll: float = 0.5, grace: fl
                 break
         except OSError:
             break
-        if parent is not None and not alive(parent):
-            os.kill(os.getpid(), signal.SIGINT)  # process-directed: the main thread's wait is interrupted
-            parent, interrupted = None, time.monotonic()
-        elif interrupted is not None and time.monotonic() - interrupted > grace:
-            os.kill(os.getpid(), signal.SIGKILL)  # its script ends by SIGKILL too (the server reports it)
+        if gone is None and parent is not None and not alive(parent):
+            gone = time.monotonic()
+        if gone is not None:
+            if time.monotonic() - gone > grace:
+                os.kill(os.getpid(), signal.SIGKILL)  # its script ends by SIGKILL too (the server reports it)
+            os.kill(os.getpid(), WAKE)  # process-directed: it reaches the main thread
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -193,6 +201,7 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(WAKE, _wake)
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, STREAMS) for fd in fds]  # none of them 0-2 while 0-2 are set
         for fd in fds:
             os.close(fd)
@@ -258,7 +267,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 def serve(path: str, parent: int, main=None, poll: float = 0.5, grace: float = GRACE) -> None:
     """Serve requests on the Unix socket `path` until process `parent` is gone (or SIGTERM); a fork
-    whose SuperExec is gone is interrupted (SIGINT), then killed `grace` s later if still running."""
+    whose SuperExec is gone is woken for Flower's exit, then killed `grace` s later if still running."""
     main = main or load_main()
     me = os.getpid()
     uid = os.getuid()

@@ -42,11 +42,31 @@ def main():
     if sys.argv[1:2] == ["selfkill"]:
         os.kill(os.getpid(), int(sys.argv[2]))
         time.sleep(60)
+    if "--parent-pid" in sys.argv:  # as Flower's run_clientapp: a monitor raises SIGINT in its own thread
+        import threading
+        def monitor(ppid=int(sys.argv[sys.argv.index("--parent-pid") + 1])):
+            while True:
+                time.sleep(0.2)
+                try:
+                    os.kill(ppid, 0)
+                except ProcessLookupError:
+                    signal.raise_signal(signal.SIGINT)
+                    break
+        threading.Thread(target=monitor, daemon=True).start()
     if sys.argv[1:2] in (["block"], ["deaf"]):
         import threading
         if sys.argv[1] == "deaf":
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         threading.Event().wait()  # no timeout: only a signal to the main thread ends it
+    if sys.argv[1:2] == ["graceful"]:  # as Flower's exit handler: once, SIGINT reset, then a slow exit
+        def graceful(n, _):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for _ in range(20):
+                time.sleep(0.1)  # a second SIGINT here would raise KeyboardInterrupt
+            sys.exit(0)
+        signal.signal(signal.SIGINT, graceful)
+        for _ in range(600):
+            time.sleep(0.1)
     sys.exit(int(sys.argv[1]) if sys.argv[1:2] and sys.argv[1].isdigit() else 0)
 '''
 
@@ -157,9 +177,9 @@ def test_a_fork_killed_before_it_sent_its_pid_ends_its_script_by_that_signal(tmp
     assert p.returncode == -signal.SIGUSR1 and out == "", err  # Flower's function never ran here
 
 
-def _superexec_gone(tmp_path, mode: str, grace: float = forkserver.GRACE, settle: float = 0.0):
-    """Start the probe in `mode` under a stand-in SuperExec, kill that SuperExec `settle` s after the
-    probe is running; the script's (return code, stderr, seconds from the kill to its end)."""
+def _superexec_gone(tmp_path, mode: str, grace: float = forkserver.GRACE):
+    """Start the probe in `mode` under a stand-in SuperExec, kill that SuperExec once the probe is
+    running; the script's (return code, stderr, seconds from the kill to its end)."""
     srv, sock = _server(tmp_path, grace=grace)
     superexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
@@ -167,7 +187,6 @@ def _superexec_gone(tmp_path, mode: str, grace: float = forkserver.GRACE, settle
         p = subprocess.Popen([str(_script(tmp_path)), mode, "--parent-pid", str(superexec.pid)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert p.stdout.readline().startswith(f"ARGV [{mode!r}")
-        time.sleep(settle)
         superexec.kill()
         superexec.wait()
         t0 = time.monotonic()
@@ -181,14 +200,19 @@ def _superexec_gone(tmp_path, mode: str, grace: float = forkserver.GRACE, settle
 
 def test_a_fork_whose_superexec_is_gone_is_interrupted_even_when_blocked(tmp_path):
     # Flower's own parent monitor raises SIGINT in its monitor thread only: a main thread blocked in a
-    # wait without a timeout (a task pull from a SuperNode killed mid-message) would never see it.
-    # settle: the probe is in its wait by then (a SIGINT just before it would be seen by SIGKILL only)
-    code, err, _ = _superexec_gone(tmp_path, "block", settle=1.0)
+    # wait without a timeout (a task pull from a SuperNode killed mid-message) would never see it
+    code, err, _ = _superexec_gone(tmp_path, "block")
     assert code == 1 and "KeyboardInterrupt" in err
 
 
+def test_flowers_graceful_exit_after_its_superexec_is_gone_is_not_cut_short(tmp_path):
+    # Flower's handler runs once and resets SIGINT: a SIGINT of dpfl's on top would interrupt its exit
+    code, err, _ = _superexec_gone(tmp_path, "graceful")
+    assert code == 0 and "KeyboardInterrupt" not in err, err
+
+
 def test_a_fork_that_outlives_its_superexec_by_the_grace_period_is_killed(tmp_path):
-    # a SIGINT that came just before a wait began, or one the ClientApp ignores: SIGKILL after grace
+    # a ClientApp that ignores SIGINT: SIGKILL after the grace period
     code, err, seconds = _superexec_gone(tmp_path, "deaf", grace=1.0)
     assert code == -signal.SIGKILL, err  # the script ends as its fork did
     assert seconds >= 1.0  # not before the grace period
