@@ -36,8 +36,8 @@ MAX_REQUEST = 1 << 20  # bytes of a request: argv, cwd and environment as JSON
 MAX_ARGS = 256
 GRACE = 10.0  # s a fork may run on after its SuperExec is gone
 WAKE = signal.SIGURG  # ignored by default; a fork's handler for it does nothing (_watch)
-INT = struct.Struct("!i")  # the child's pid, then its exit status (from the child), or -N (from the
-# server) for a child killed by signal N before it could send one
+INT = struct.Struct("!i")  # the child's pid, then its exit status: from the child, else (a child that
+# ended by os._exit or was killed by signal N before it could send one) from the server, -N for a signal
 
 
 def parse_request(data: bytes) -> tuple[list[str], str, dict[str, str]]:
@@ -245,8 +245,9 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
-    """Wait for ended children; for one killed by a signal, tell its script which (-N), so that the
-    script ends by it too; then close the server's end of the child's connection."""
+    """Wait for ended children; send each one's script its exit status (-N for signal N, so that the
+    script ends by it too), which it reads where the child sent none (Flower's `os._exit` after a
+    graceful exit's timeout, a signal); then close the server's end of the child's connection."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -257,11 +258,10 @@ def _reap(children: dict[int, socket.socket]) -> None:
         conn = children.pop(pid, None)
         if conn is None:
             continue
-        if os.WIFSIGNALED(status):
-            try:
-                conn.sendall(INT.pack(-os.WTERMSIG(status)))
-            except OSError:  # the script is gone
-                pass
+        try:
+            conn.sendall(INT.pack(os.waitstatus_to_exitcode(status)))  # -N if killed by signal N
+        except OSError:  # the script is gone
+            pass
         conn.close()
 
 

@@ -39,6 +39,8 @@ def main():
     if sys.argv[1:2] == ["sleep"]:
         for _ in range(600):  # short sleeps: a signal caught just before a sleep starts is not lost in it
             time.sleep(0.1)
+    if sys.argv[1:2] == ["osexit"]:  # as Flower's exit when its graceful exit times out: no report
+        os._exit(int(sys.argv[2]))
     if sys.argv[1:2] == ["selfkill"]:
         os.kill(os.getpid(), int(sys.argv[2]))
         time.sleep(60)
@@ -145,6 +147,20 @@ def test_a_fork_killed_by_a_signal_ends_its_script_by_the_same_signal(tmp_path):
         res = subprocess.run([str(_script(tmp_path)), "4"], env=env, capture_output=True, text=True, timeout=60,
                              check=False)
         assert res.returncode == 4  # the server goes on
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+
+
+def test_a_fork_that_ends_by_os_exit_gives_its_script_that_status(tmp_path):
+    # the fork sends no status of its own: the server, which reaps it, does
+    srv, sock = _server(tmp_path)
+    try:
+        env = {**os.environ, launcher.FORK_ENV: str(sock)}
+        for status in (0, 7):
+            res = subprocess.run([str(_script(tmp_path)), "osexit", str(status)], env=env, capture_output=True,
+                                 text=True, timeout=60, check=False)
+            assert res.returncode == status and "without an exit status" not in res.stderr, res.stderr
     finally:
         srv.terminate()
         srv.wait(timeout=30)
