@@ -36,8 +36,8 @@ MAX_REQUEST = 1 << 20  # bytes of a request: argv, cwd and environment as JSON
 MAX_ARGS = 256
 GRACE = 10.0  # s a fork may run on after its SuperExec is gone
 WAKE = signal.SIGURG  # ignored by default; a fork's handler for it does nothing (_watch)
-INT = struct.Struct("!i")  # the child's pid, then its exit status: from the child, else (a child that
-# ended by os._exit or was killed by signal N before it could send one) from the server, -N for a signal
+INT = struct.Struct("!i")  # the child's pid (0: it could not start; nothing ran), then its exit status:
+# from the child, else (one that ended by os._exit or was killed by signal N) from the server, -N for a signal
 
 
 def parse_request(data: bytes) -> tuple[list[str], str, dict[str, str]]:
@@ -199,19 +199,24 @@ def _child(conn: socket.socket, argv: list[str], cwd: str, env: dict[str, str], 
     """In the forked child: become the launched process, run Flower's function, report, exit."""
     code = 1
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(WAKE, _wake)
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, STREAMS) for fd in fds]  # none of them 0-2 while 0-2 are set
-        for fd in fds:
-            os.close(fd)
-        for target, fd in enumerate(high):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        sys.argv = list(argv)
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(WAKE, _wake)
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, STREAMS) for fd in fds]  # none of them 0-2 while 0-2 are set
+            for fd in fds:
+                os.close(fd)
+            for target, fd in enumerate(high):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = list(argv)
+        except Exception as e:  # noqa: BLE001 - nothing ran: the script runs Flower's function itself
+            print(f"dpfl fork server: could not start a ClientApp: {e!r}", file=sys.stderr, flush=True)
+            conn.sendall(INT.pack(0))  # where the pid would be (the server's status for it comes after)
+            return
         conn.sendall(INT.pack(os.getpid()))
         threading.Thread(target=_watch, args=(conn, _parent_pid(argv)), kwargs={"grace": grace}, daemon=True).start()
         try:

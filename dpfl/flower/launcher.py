@@ -106,11 +106,12 @@ def forked():
         if not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
             print(f"flwr-clientapp (dpfl): fork server not used: {{e}}", file=sys.stderr, flush=True)
         return None
-    if pid is None:  # refused before it forked: nothing ran
+    if pid is None or pid == 0:  # refused before it forked, or the fork could not start: nothing ran
         s.close()
-        print("flwr-clientapp (dpfl): the fork server refused the request", file=sys.stderr, flush=True)
+        why = "refused the request" if pid is None else "could not start the ClientApp (its line above says why)"
+        print(f"flwr-clientapp (dpfl): the fork server {{why}}", file=sys.stderr, flush=True)
         return None
-    if pid <= 0:  # the fork was killed before it sent its pid: the server's report
+    if pid < 0:  # the fork was killed before it sent its pid: the server's report
         s.close()
         return ended_by(-pid)
     s.settimeout(None)

@@ -332,6 +332,28 @@ def test_a_server_that_closes_before_it_forks_leaves_the_script_to_run_flowers_f
     assert err.strip() == "flwr-clientapp (dpfl): the fork server refused the request"
 
 
+def test_a_fork_that_cannot_start_says_so_where_its_pid_would_be_and_the_script_runs_flower_itself(tmp_path, capfd):
+    srv, sock = _server(tmp_path)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:  # a directory the fork cannot enter
+            s.connect(str(sock))
+            socket.send_fds(s, [forkserver.encode_request(["x"], str(tmp_path / "gone"), {})], [0, 1, 2])
+            first = forkserver._recv_exact(s, forkserver.INT.size)
+        assert forkserver.INT.unpack(first)[0] == 0  # not a pid, nor the status 1 that follows it
+        res = subprocess.run([str(_script(tmp_path)), "5"], env={**os.environ, launcher.FORK_ENV: str(sock)},
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 5  # the server goes on
+    finally:
+        srv.terminate()
+        srv.wait(timeout=30)
+    assert "could not start a ClientApp: FileNotFoundError" in capfd.readouterr().err  # on the passed stderr
+    with _fake_server(tmp_path) as (p, conn):
+        conn.sendall(forkserver.INT.pack(0))
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and out.count("usage: flwr-clientapp") == 1
+    assert err.strip() == "flwr-clientapp (dpfl): the fork server could not start the ClientApp (its line above says why)"
+
+
 def test_a_request_over_64_kib_arrives_whole(tmp_path):
     srv, sock = _server(tmp_path)
     try:
