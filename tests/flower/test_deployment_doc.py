@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,18 @@ def by_hand_blocks(text: str) -> list[str]:
     return [b for b, _ in blocks]
 
 
+def _editable_install() -> Path | None:
+    """The directory this Python's dpfl is installed from in editable mode (pip's direct_url.json)."""
+    from importlib.metadata import distributions
+    from urllib.parse import unquote, urlparse
+
+    for dist in distributions(name="dpfl"):  # a source tree's own dpfl.egg-info has no direct_url.json
+        info = json.loads(dist.read_text("direct_url.json") or "{}")
+        if info.get("dir_info", {}).get("editable") and info.get("url", "").startswith("file:"):
+            return Path(unquote(urlparse(info["url"]).path)).resolve()
+    return None
+
+
 def test_the_by_hand_blocks_are_found():
     blocks = by_hand_blocks(DOC.read_text())
     assert len(blocks) == 8 and "flower-superlink" in blocks[2] and "flwr run" in blocks[6]
@@ -35,6 +48,15 @@ def test_the_by_hand_procedure_works_verbatim(tmp_path):
     script = "set -euo pipefail\n" + "\n".join(by_hand_blocks(DOC.read_text()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
     env["HOME"] = str(tmp_path)
+    installed = _editable_install()
+    if installed is not None and installed != ROOT:  # a worktree: its `pip install -e .` would repoint this
+        # Python's dpfl here for good; pip resolves only (--dry-run), and ROOT's dpfl is imported
+        shim = tmp_path / "shim"
+        shim.mkdir()
+        (shim / "pip").write_text(f'#!/bin/sh\nexec {sys.executable} -m pip "$@" --dry-run\n')
+        (shim / "pip").chmod(0o755)
+        env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     p = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
