@@ -48,16 +48,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/pid/stat after the command name (state, ppid, pgrp, session, ...)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _processes() -> dict[int, list[str]]:
+    """pid → `_stat` of every process (Linux; elsewhere none)."""
+    pids = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()] if Path("/proc").is_dir() else []
+    return {pid: f for pid in pids if (f := _stat(pid))}
+
+
 def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            kids.setdefault(ppid, []).append(int(entry.name))
+    for pid, f in _processes().items():
+        kids.setdefault(int(f[1]), []).append(pid)
     return kids
 
 
@@ -72,21 +80,34 @@ def descendants(pids: list[int]) -> list[int]:
     return out
 
 
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot; Linux), None if it is gone."""
+    f = _stat(pid)
+    return int(f[19]) if f else None
+
+
+def session_members(leaders: dict[int, int | None]) -> list[int]:
+    """The processes in the sessions of `leaders` (pid → its start time): what a session leader
+    started stays in its session after the leader dies (Linux; elsewhere none). A leader's pid
+    now held by a later process is someone else's session, skipped."""
+    ours = {pid for pid, t in leaders.items() if start_time(pid) in (None, t)}
+    return [pid for pid, f in _processes().items() if int(f[3]) in ours and f[0] != "Z"] if ours else []
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """CPU time (user + system) of `pids` and of the children they have waited for (Linux)."""
     total = 0
     for pid in pids:
-        try:
-            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        if (f := _stat(pid)) is None:
             continue
         total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    """SIGTERM `procs` and all their descendants, then SIGKILL whatever is left after `grace` s."""
-    pids = descendants([p.pid for p in procs if p.poll() is None])
+def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, also: list[int] | None = None) -> None:
+    """SIGTERM `procs`, the processes `also` and all their descendants, then SIGKILL whatever is
+    left after `grace` s."""
+    pids = descendants([p.pid for p in procs if p.poll() is None] + (also or []))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -111,10 +132,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    try:  # a zombie has exited; only its parent's wait is missing
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    f = _stat(pid)  # a zombie has exited; only its parent's wait is missing
+    return f is None or f[0] != "Z"
 
 
 # Flower 1.41 gives a launched ServerApp/ClientApp process HEARTBEAT_DEFAULT_INTERVAL = 30 s from its launch
@@ -155,6 +174,8 @@ class LocalFederation:
         self.extra = node_config or {}
         self.log = log
         self.procs: list[subprocess.Popen] = []
+        self._started: dict[int, int | None] = {}  # pid → start time of every process started here
+        self._gone: set[int] = set()  # pids of SuperNodes whose exit has been dealt with
         self.port = 0
         self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
@@ -221,9 +242,14 @@ class LocalFederation:
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as out:
             p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
-                                 start_new_session=True)
+                                 start_new_session=True)  # its own session: see `session_members`
         self.procs.append(p)
+        self._started[p.pid] = start_time(p.pid)
         return p
+
+    def _leftovers(self, pids: list[int]) -> list[int]:
+        """The processes still running in the sessions of the processes `pids` started here."""
+        return session_members({pid: self._started.get(pid) for pid in pids})
 
     def _write_connection(self) -> None:
         home = self.dir / "flwr-home"
@@ -323,12 +349,27 @@ class LocalFederation:
     def kill_node(self, i: int) -> None:
         """kill -9 of client i's SuperNode and everything it started (its SuperExec, ClientApps)."""
         p = self.nodes[i]
-        for pid in descendants([p.pid]):
+        for pid in descendants([p.pid, *self._leftovers([p.pid])]):
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         p.wait()
+        self._gone.add(p.pid)
+
+    def check_nodes(self) -> None:
+        """A SuperNode that has ended (killed from outside, or failed): say so once, and stop what it
+        left running. Flower's SuperExec outlives its killed SuperNode, polling a closed port, until
+        someone waits for the SuperNode (then it takes ~17 s to leave)."""
+        for i, p in sorted(self.nodes.items()):
+            if p.pid in self._gone or p.poll() is None:
+                continue
+            self._gone.add(p.pid)
+            left = self._leftovers([p.pid])
+            stop_processes([], grace=2.0, also=left)
+            self.log(f"the SuperNode of client {i} exited with code {p.returncode}"
+                     f"{f'; stopped the {len(left)} processes it left' if left else ''} "
+                     f"(see {self.dir / 'logs' / f'supernode-{i}.log'})")
 
     def serverapps(self) -> list[int]:
         """The pids of the running ServerApp processes of this federation."""
@@ -360,6 +401,7 @@ class LocalFederation:
                     "this machine is too loaded to start one that fast; see the logs in " + str(self.dir / "logs"))
             if watch is not None:
                 watch(log_path.read_text(errors="replace"))
+            self.check_nodes()
             time.sleep(0.5)
         self._cpu_done += _children_cpu() - before
         text = log_path.read_text(errors="replace")
@@ -370,8 +412,9 @@ class LocalFederation:
     def stop(self) -> None:
         live = [p.pid for p in self.procs if p.poll() is None]
         self.cpu_seconds = cpu_seconds(descendants(live)) + self._cpu_done
-        stop_processes(self.procs)
+        stop_processes(self.procs, also=self._leftovers(list(self._started)))
         self.procs.clear()
+        self._started.clear()
 
     def __enter__(self) -> Self:
         try:

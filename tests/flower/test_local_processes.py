@@ -1,0 +1,73 @@
+"""The local federation stops what a SuperNode killed from outside leaves running (its SuperExec)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dpfl.flower.local import LocalFederation, _alive, session_members, start_time
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process sessions are read from Linux /proc")
+
+# A stand-in SuperNode: starts a child in its own session (as Flower's SuperNode starts its SuperExec),
+# prints the child's pid, then waits.
+NODE = ("import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(300)\n")
+
+
+def _node(fed: LocalFederation, i: int) -> tuple[subprocess.Popen, int]:
+    p = fed._spawn([sys.executable, "-c", NODE], f"supernode-{i}")
+    fed.nodes[i] = p
+    log = fed.dir / "logs" / f"supernode-{i}.log"
+    deadline = time.monotonic() + 60
+    while not log.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return p, int(log.read_text().split()[0])
+
+
+def test_stop_ends_what_a_supernode_killed_from_outside_left(tmp_path):
+    fed = LocalFederation(tmp_path, 1, log=lambda s: None)
+    p, child = _node(fed, 0)
+    os.kill(p.pid, signal.SIGKILL)  # by someone else: the federation has not waited for it yet
+    time.sleep(0.3)
+    assert _alive(child)
+    fed.stop()
+    assert not _alive(child)
+
+
+def test_a_node_found_dead_during_a_run_is_reported_once_and_its_leftovers_stopped(tmp_path):
+    lines: list[str] = []
+    fed = LocalFederation(tmp_path, 2, log=lines.append)
+    try:
+        p, child = _node(fed, 1)
+        q, other = _node(fed, 0)
+        fed.check_nodes()
+        assert lines == []
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()  # reaped or not, its child stays in its session
+        fed.check_nodes()
+        fed.check_nodes()
+        assert len(lines) == 1 and lines[0].startswith("the SuperNode of client 1 exited with code -9; "
+                                                       "stopped the 1 processes it left"), lines
+        assert not _alive(child) and _alive(other) and q.poll() is None
+    finally:
+        fed.stop()
+    assert not _alive(other)
+
+
+def test_a_leaders_pid_held_by_a_later_process_is_not_its_session(tmp_path):
+    fed = LocalFederation(tmp_path, 1, log=lambda s: None)
+    try:
+        p, child = _node(fed, 0)
+        t = start_time(p.pid)
+        assert sorted(session_members({p.pid: t})) == sorted([p.pid, child])
+        assert session_members({p.pid: t + 1}) == []  # another process's start time: not ours
+    finally:
+        fed.stop()
