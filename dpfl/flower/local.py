@@ -50,8 +50,8 @@ def free_port() -> int:
 
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/pid/stat after the command name (state, ppid, pgrp, session, ...)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:  # bytes: a command name need not be UTF-8 (the fields after it are ASCII)
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].decode().split()
     except (OSError, IndexError):
         return None
 
@@ -132,8 +132,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    f = _stat(pid)  # a zombie has exited; only its parent's wait is missing
-    return f is None or f[0] != "Z"
+    f = _stat(pid)  # gone since the kill, or a zombie (exited; only its parent's wait is missing)
+    return f is not None and f[0] != "Z"
 
 
 # Flower 1.41 gives a launched ServerApp/ClientApp process HEARTBEAT_DEFAULT_INTERVAL = 30 s from its launch
@@ -174,8 +174,7 @@ class LocalFederation:
         self.extra = node_config or {}
         self.log = log
         self.procs: list[subprocess.Popen] = []
-        self._started: dict[int, int | None] = {}  # pid → start time of every process started here
-        self._gone: set[int] = set()  # pids of SuperNodes whose exit has been dealt with
+        self._started: dict[int, int | None] = {}  # pid → start time, of the processes started here not yet ended
         self.port = 0
         self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
@@ -250,6 +249,14 @@ class LocalFederation:
     def _leftovers(self, pids: list[int]) -> list[int]:
         """The processes still running in the sessions of the processes `pids` started here."""
         return session_members({pid: self._started.get(pid) for pid in pids})
+
+    def _end(self, p: subprocess.Popen) -> int:
+        """For a process started here that has ended: stop what it left in its session, and forget
+        it (its pid may be reused). Returns how many processes were left."""
+        left = self._leftovers([p.pid])
+        stop_processes([], grace=2.0, also=left)
+        self._started.pop(p.pid, None)
+        return len(left)
 
     def _write_connection(self) -> None:
         home = self.dir / "flwr-home"
@@ -329,6 +336,7 @@ class LocalFederation:
                     raise FederationError(f"the SuperNode of client {i} was not activated within {deadline:.0f} s "
                                           f"(see logs/supernode-{i}.log)")
                 time.sleep(0.5)
+            self._end(p)  # Flower started its SuperExec before it was refused
             if time.monotonic() > end:
                 raise FederationError(f"the SuperNode of client {i} exited with code {p.returncode} on every start "
                                       f"for {deadline:.0f} s (see logs/supernode-{i}.log)")
@@ -343,6 +351,7 @@ class LocalFederation:
             except (ProcessLookupError, PermissionError):
                 pass
         self.link.wait()
+        self._end(self.link)
         self.link = self._spawn(self.superlink_command(), "superlink")
         self._wait_healthy(self.link, timeout)
 
@@ -355,20 +364,18 @@ class LocalFederation:
             except (ProcessLookupError, PermissionError):
                 pass
         p.wait()
-        self._gone.add(p.pid)
+        self._end(p)
 
     def check_nodes(self) -> None:
         """A SuperNode that has ended (killed from outside, or failed): say so once, and stop what it
         left running. Flower's SuperExec outlives its killed SuperNode, polling a closed port, until
         someone waits for the SuperNode (then it takes ~17 s to leave)."""
         for i, p in sorted(self.nodes.items()):
-            if p.pid in self._gone or p.poll() is None:
+            if p.pid not in self._started or p.poll() is None:
                 continue
-            self._gone.add(p.pid)
-            left = self._leftovers([p.pid])
-            stop_processes([], grace=2.0, also=left)
-            self.log(f"the SuperNode of client {i} exited with code {p.returncode}"
-                     f"{f'; stopped the {len(left)} processes it left' if left else ''} "
+            n = self._end(p)
+            left = f"; stopped {n} process{'es' if n > 1 else ''} it left running" if n else ""
+            self.log(f"the SuperNode of client {i} exited with code {p.returncode}{left} "
                      f"(see {self.dir / 'logs' / f'supernode-{i}.log'})")
 
     def serverapps(self) -> list[int]:
@@ -404,6 +411,7 @@ class LocalFederation:
             self.check_nodes()
             time.sleep(0.5)
         self._cpu_done += _children_cpu() - before
+        self._end(p)
         text = log_path.read_text(errors="replace")
         if p.returncode:
             raise FederationError(f"flwr run exited with code {p.returncode}:\n{text[-2000:]}")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dpfl.flower.local import LocalFederation, _alive, session_members, start_time
+from dpfl.flower.local import LocalFederation, _alive, descendants, session_members, start_time
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process sessions are read from Linux /proc")
 
@@ -34,12 +34,27 @@ def _node(fed: LocalFederation, i: int) -> tuple[subprocess.Popen, int]:
 
 def test_stop_ends_what_a_supernode_killed_from_outside_left(tmp_path):
     fed = LocalFederation(tmp_path, 1, log=lambda s: None)
-    p, child = _node(fed, 0)
-    os.kill(p.pid, signal.SIGKILL)  # by someone else: the federation has not waited for it yet
-    time.sleep(0.3)
-    assert _alive(child)
-    fed.stop()
+    try:
+        p, child = _node(fed, 0)
+        os.kill(p.pid, signal.SIGKILL)  # by someone else: the federation has not waited for it yet
+        time.sleep(0.3)
+        assert _alive(child)
+    finally:
+        fed.stop()
     assert not _alive(child)
+
+
+def test_a_node_killed_by_kill_node_takes_its_session_along_and_is_not_reported(tmp_path):
+    lines: list[str] = []
+    fed = LocalFederation(tmp_path, 1, log=lines.append)
+    try:
+        p, child = _node(fed, 0)
+        fed.kill_node(0)
+        assert not _alive(child) and p.poll() == -signal.SIGKILL
+        fed.check_nodes()
+        assert lines == []
+    finally:
+        fed.stop()
 
 
 def test_a_node_found_dead_during_a_run_is_reported_once_and_its_leftovers_stopped(tmp_path):
@@ -55,7 +70,7 @@ def test_a_node_found_dead_during_a_run_is_reported_once_and_its_leftovers_stopp
         fed.check_nodes()
         fed.check_nodes()
         assert len(lines) == 1 and lines[0].startswith("the SuperNode of client 1 exited with code -9; "
-                                                       "stopped the 1 processes it left"), lines
+                                                       "stopped 1 process it left running (see "), lines
         assert not _alive(child) and _alive(other) and q.poll() is None
     finally:
         fed.stop()
@@ -71,3 +86,18 @@ def test_a_leaders_pid_held_by_a_later_process_is_not_its_session(tmp_path):
         assert session_members({p.pid: t + 1}) == []  # another process's start time: not ours
     finally:
         fed.stop()
+
+
+def test_a_process_whose_name_is_not_utf8_does_not_stop_the_scan():
+    name = ("import ctypes, time\n"
+            "ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b'bad\\xff\\xfename'), 0, 0, 0)\n"
+            "print('named', flush=True)\n"
+            "time.sleep(300)\n")
+    p = subprocess.Popen([sys.executable, "-c", name], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"named\n"
+        assert b"\xff" in open(f"/proc/{p.pid}/stat", "rb").read()
+        assert p.pid in descendants([os.getpid()])
+    finally:
+        p.kill()
+        p.wait()
