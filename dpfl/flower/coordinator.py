@@ -100,7 +100,9 @@ class Prepared:
 
 Exchange = Callable[..., dict[int, Reply]]
 """exchange(kind, contents, timeout, quorum=None) → replies by node: once the `quorum` is met, the
-rest get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now."""
+rest get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now,
+one with `late_errors()` the nodes that answered an earlier message with an error after its
+exchange had ended."""
 
 Quorum = int | tuple[tuple[frozenset[int], int], ...]
 """k: k answers from the nodes sent to; ((nodes, k), ...): k answers from each group of nodes."""
@@ -308,12 +310,20 @@ class Coordinator:
     def rejoin(self, r: int) -> list[int]:
         """Before round r: greet nodes that connected since (a restarted site without node
         authentication gets a new node id) and known nodes that answered the last round with an
-        error (a restarted site keeps its id but lost its keys). A client whose node did not answer
-        its last round is served by the node that now says it holds it. Returns who rejoined."""
+        error (a restarted site keeps its id but lost its keys), then or since (a restarted site
+        still working through messages sent while it was away answers after their exchange ended).
+        A client whose node did not answer its last round is served by the node that now says it
+        holds it. Returns who rejoined."""
         listed = getattr(self.exchange, "connected", None)
+        late = getattr(self.exchange, "late_errors", None)
         known = set(self.node_of.values())
         new = set(listed()) - known if listed else set()
-        ask = sorted(new | (self.erred & known))
+        erred = set(self.erred)
+        for node, error in sorted((late() if late else {}).items()):
+            if node in known and node not in erred:
+                self.log(f"round {r}: node {node} answered an earlier message late, with an error: {error}")
+                erred.add(node)
+        ask = sorted(new | (erred & known))
         if not ask:
             return []
         replies = self.exchange("query", {node: wire.hello_request(self.state.site_salt) for node in ask}, self.timeout,

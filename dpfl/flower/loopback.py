@@ -27,6 +27,8 @@ class Loopback:
         self.down: set[int] = set()  # nodes that are lost: they answer nothing
         self.calls: list[tuple[str, list[int]]] = []  # (message type, nodes asked), in order
         self.before: Callable[[str, int], None] | None = None  # called before each exchange (tests)
+        self.slow: dict[int, int] = {}  # node → how many of its next replies come after their exchange ended
+        self._late: list[tuple[int, Reply]] = []
 
     @property
     def nodes(self) -> list[int]:
@@ -50,6 +52,12 @@ class Loopback:
         self.down.discard(node)
         return nid
 
+    def late_errors(self) -> dict[int, str]:
+        """The nodes whose late replies (`slow`) since the last call were errors, with the error."""
+        out = {node: rep.error for node, rep in self._late if rep.content is None}
+        self._late.clear()
+        return out
+
     def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float,
                  quorum: Quorum | None = None) -> dict[int, Reply]:
         out = {}
@@ -66,4 +74,7 @@ class Loopback:
                 out[node] = Reply(None, f"{type(e).__name__}: {e}", 0, down)
             else:
                 out[node] = Reply(reply, None, wire.content_nbytes(reply), down)
+            if self.slow.get(node, 0) > 0:  # it comes after the exchange has ended
+                self.slow[node] -= 1
+                self._late.append((node, out.pop(node)))
         return out

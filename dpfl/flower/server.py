@@ -45,12 +45,27 @@ class GridExchange:
     collected until `timeout`, or, once the `quorum` is met (`quorum_open`: replies with content
     count) or can no longer be, for a grace period as long again as that took (at least `GRACE_MIN`
     s): a lost site costs seconds, not the timeout.
-    Pulled every `poll` s (`Grid.send_and_receive` waits 3 s between pulls)."""
+    Pulled every `poll` s (`Grid.send_and_receive` waits 3 s between pulls). Messages still
+    unanswered when their exchange ends are kept (the newest `LATE_MAX`) for `late_errors`."""
 
     GRACE_MIN = 5.0
+    LATE_MAX = 10_000
 
     def __init__(self, grid: Grid, poll: float = 0.1):
         self.grid, self.poll = grid, poll
+        self.late: dict[str, int] = {}  # message id → its node, for messages unanswered when their exchange ended
+
+    def late_errors(self) -> dict[int, str]:
+        """The nodes that have since answered such a message with an error of their own (not the
+        SuperLink's "node unavailable"), with the error; every reply that came is forgotten."""
+        out: dict[int, str] = {}
+        if not self.late:
+            return out
+        for rep in self.grid.pull_messages(list(self.late)):
+            node = self.late.pop(rep.metadata.reply_to_message_id, None)
+            if node is not None and rep.has_error() and rep.metadata.src_node_id == node:
+                out[node] = f"{rep.error.reason} (Flower error code {rep.error.code})"
+        return out
 
     def connected(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -84,6 +99,9 @@ class GridExchange:
             if not pending or now > deadline:
                 break
             time.sleep(self.poll)
+        self.late.update((mid, node_of[mid]) for mid in pending)
+        for mid in list(self.late)[: max(0, len(self.late) - self.LATE_MAX)]:  # the oldest first
+            del self.late[mid]
         return out
 
 

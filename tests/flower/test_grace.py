@@ -28,10 +28,12 @@ class Clock:
 
 
 class FakeGrid:
-    """Each node answers at its own (virtual) time; `errors` answer with an error."""
+    """Each node answers at its own (virtual) time; `errors` answer with an error, `unavailable`
+    get the SuperLink's "node unavailable" error (from node 1)."""
 
-    def __init__(self, clock, at, errors=()):
+    def __init__(self, clock, at, errors=(), unavailable=()):
         self.clock, self.at, self.errors, self.sent = clock, at, set(errors), {}
+        self.unavailable = set(unavailable)
 
     def push_messages(self, msgs):
         ids = []
@@ -46,9 +48,10 @@ class FakeGrid:
         for mid in ids:
             node = self.sent[mid]
             if self.at.get(node, float("inf")) <= self.clock.t:
-                err = node in self.errors
+                err = node in self.errors | self.unavailable
+                src = 1 if node in self.unavailable else node
                 out.append(SimpleNamespace(
-                    metadata=SimpleNamespace(reply_to_message_id=mid), has_error=lambda e=err: e,
+                    metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=src), has_error=lambda e=err: e,
                     error=SimpleNamespace(reason="boom", code=0),
                     content=RecordDict({"x": ConfigRecord({"v": node})})))
         return out
@@ -98,6 +101,24 @@ def test_errors_do_not_meet_the_quorum(monkeypatch):
     assert got == {1: False, 2: False} and t < 20.0  # two replies: the grace, not the timeout
     got, t = exchange(monkeypatch, {1: 1.0, 2: 1.0, 3: 30.0, 4: 30.0, 5: 30.0}, 4, errors={1, 2})
     assert got == {1: False, 2: False, 3: True, 4: True, 5: True}  # two errors do not cut the three off
+
+
+def test_errors_that_come_after_the_exchange_are_found_later(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(server, "time", clock)
+    monkeypatch.setattr(server, "content_nbytes", lambda m: 0)
+    monkeypatch.setattr(server, "Message", lambda content, dst_node_id, message_type: SimpleNamespace(
+        content=content, metadata=SimpleNamespace(dst_node_id=dst_node_id)))
+    grid = FakeGrid(clock, {1: 1.0, 2: 1.0, 3: 100.0, 4: 100.0, 5: 100.0, 6: float("inf")}, errors={3},
+                    unavailable={4})
+    ex = server.GridExchange(grid, poll=0.5)
+    out = ex("train.sa_train", {n: RecordDict({"x": ConfigRecord({"v": n})}) for n in range(1, 7)}, 300.0, 2)
+    assert set(out) == {1, 2} and clock.t < 20.0
+    assert ex.late_errors() == {}  # nothing has come yet
+    clock.t = 200.0
+    # 3's own error counts; 4's is the SuperLink's, 5 answered with content, 6 has not answered
+    assert ex.late_errors() == {3: "boom (Flower error code 0)"}
+    assert sorted(ex.late.values()) == [6] and ex.late_errors() == {}
 
 
 class Recording(Loopback):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_a_process_whose_name_is_not_utf8_does_not_stop_the_scan():
     p = subprocess.Popen([sys.executable, "-c", name], stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"named\n"
-        assert b"\xff" in open(f"/proc/{p.pid}/stat", "rb").read()
+        assert b"\xff" in Path(f"/proc/{p.pid}/stat").read_bytes()
         assert p.pid in descendants([os.getpid()])
     finally:
         p.kill()

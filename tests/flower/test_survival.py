@@ -74,6 +74,35 @@ def test_three_sites_survive_losing_one_and_the_lost_site_rejoins():
     assert summary["epsilon_final"] == ref[-1]["epsilon"]
 
 
+def test_a_restarted_site_whose_errors_come_late_is_greeted_again():
+    """As above, but the restarted site works through a backlog (messages sent while it was away),
+    so its errors for round 3 come after their exchanges ended: the server finds them before round
+    4 (`late_errors`), greets it again, and it answers from round 5 on. Before, such a site stayed
+    "did not answer" for good and never rejoined."""
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 5, "clients_per_round": 3})
+    lines: list[str] = []
+    co, lb = _federation(data)
+    co.log = lines.append
+
+    def before(kind: str, calls: int) -> None:
+        if kind == "train.sa_train" and _round_of(lb, calls) == 2:
+            lb.kill(102)
+        if kind == "train.sa_train" and _round_of(lb, calls) == 3:
+            lb.restart(102)
+            lb.slow[102] = 1_000  # every reply late, until its backlog is done: by the next hello
+        if kind == "query":
+            lb.slow.pop(102, None)
+
+    lb.before = before
+    co.run()
+    h = co.history
+    assert [m["answered"] for m in h] == [3, 2, 2, 2, 3]
+    assert h[3]["rejoined"] == [2] and all("rejoined" not in m for m in h[:3] + h[4:])
+    assert any("round 4: node 102 answered an earlier message late, with an error: ProtocolError: round 4: this "
+               "node has not advertised keys" in ln for ln in lines), lines
+
+
 def test_a_restarted_site_under_a_new_node_id_takes_its_client_back():
     """Without node authentication a restarted SuperNode gets a new node id: the server greets it
     before the next round, whose keys were shared without it, and serves its client from the round
