@@ -189,7 +189,7 @@ class Coordinator:
         self.bytes = {"up": 0, "down": 0}  # serialized message bytes of the current round
         self.phases: dict[str, dict[str, float]] = {}  # this round's exchanges: wall and ClientApp time split
         self.silent: set[int] = set()  # nodes that did not answer some message of the last round
-        self.erred: set[int] = set()  # nodes that answered some message of the last round with an error
+        self.erred: dict[int, str] = {}  # node → its error: nodes that answered some message of the last round so
         self.answered: set[int] = set()  # clients whose replies were taken in the last phase the round reached
         self.aborted = 0
         self.prepared: Prepared | None = None  # the next secure round, its keys shared with this one's unmasking
@@ -318,7 +318,7 @@ class Coordinator:
         late = getattr(self.exchange, "late_errors", None)
         known = set(self.node_of.values())
         new = set(listed()) - known if listed else set()
-        erred = set(self.erred)
+        erred = set(self.erred.keys())
         for node, error in sorted((late() if late else {}).items()):
             if node in known and node not in erred:
                 self.log(f"round {r}: node {node} answered an earlier message late, with an error: {error}")
@@ -339,7 +339,7 @@ class Coordinator:
                 self.log(f"round {r}: node {node} cannot rejoin: {e}")
                 continue
             old = self.node_of.get(cid)
-            if old is not None and old != node and old not in self.silent | self.erred:
+            if old is not None and old != node and old not in self.silent | self.erred.keys():
                 self.log(f"round {r}: node {node} claims client {cid}, which node {old} still serves: refused")
                 continue
             self.node_of[cid] = node
@@ -366,7 +366,7 @@ class Coordinator:
         cohort, dropped = self.select(r)
         ctx = st.context(r, cohort, len(cohort) + len(dropped), self.sizes[cohort])  # sizes as the sites said
         self.bytes = {"up": 0, "down": 0}
-        self.silent, self.erred, self.answered = set(), set(), set()
+        self.silent, self.erred, self.answered = set(), {}, set()
         self.phases: dict[str, dict[str, float]] = {}
         extra = {"flower_up_bytes": 0, "flower_down_bytes": 0}
 
@@ -459,10 +459,19 @@ class Coordinator:
             self.bytes["down"] += rep.down_nbytes
             if rep.content is None:
                 self.log(f"{kind}: node {node} failed: {rep.error} (dropped)")
-                self.erred.add(node)
+                self.erred[node] = rep.error
             else:
                 out[node] = rep
         return out
+
+    def nobody(self, r: int) -> RoundAborted:
+        """Round r aborted for want of answers, with the first error a node sent (the reason, when
+        every site refuses alike: a spent privacy budget, a config it rejects)."""
+        why = ""
+        if self.erred:
+            node, error = min(self.erred.items())
+            why = f" ({len(self.erred)} answered with an error; node {node}: {error})"
+        return RoundAborted(f"round {r}: no client answered{why}")
 
     def read(self, r: int, cid: int, rep: Reply | None, parse: Callable[[RecordDict], Any]) -> Any:
         """Parse one client's reply (None if it sent none); a malformed one is logged and its
@@ -527,7 +536,7 @@ class Coordinator:
                 dims.add(got[1])
                 reports.append(got[2])
         if not payloads:
-            raise RoundAborted(f"round {ctx.round}: no client answered")
+            raise self.nobody(ctx.round)
         self.keep(ctx, answered)
         if len(dims) != 1:
             raise ProtocolError(f"round {ctx.round}: clients sent rows of different lengths {sorted(dims)}")
@@ -643,7 +652,7 @@ class Coordinator:
             if msg is not None:
                 got[i] = (shape, msg)
         if not got:
-            raise RoundAborted(f"round {r}: no client answered")
+            raise self.nobody(r)
         votes = Counter(shape for shape, _ in got.values())  # (d, b): the most common wins, others are rejected
         (d, bits), top = votes.most_common(1)[0]
         if d < 1:
@@ -748,7 +757,7 @@ class Coordinator:
         listed = getattr(self.exchange, "connected", None)
         live = set(listed()) if listed else set(self.node_of.values())
         # the sites that were not asked yet; not those lost this round (an exchange would wait for them)
-        missing = sorted((set(self.node_of.values()) & live) - set(self.evaluations) - self.silent - self.erred)
+        missing = sorted((set(self.node_of.values()) & live) - set(self.evaluations) - self.silent - self.erred.keys())
         if missing:
             self.evaluations.update(self.evaluation_exchange(m["round"], missing, self.awaiting_w))
         m.update(self.fed_metrics(self.evaluations))

@@ -64,3 +64,14 @@ def test_fsvrg_with_record_dp_is_refused_before_a_client_sends_its_raw_gradient(
         LocalClient(cfg, NodeSettings(0, None, True))
     with pytest.raises(ConfigError, match="without DP-SGD noise"):
         Run(cfg, None, log=lambda s: None)
+
+
+def test_a_run_every_client_refuses_says_why():
+    """Every client's record-level budget is spent before its first step: every round aborts, and the
+    stop reason quotes a client's error (before: "no client answered", the reason only in the log)."""
+    co, _ = loopback(config(train={**DP, "dpsgd": {**DP["dpsgd"], "target_epsilon": 0.01}}))
+    summary = co.run()
+    assert summary["rounds_aborted"] == 3
+    assert summary["stopped"].startswith("all 3 rounds aborted (the last: round 3: no client answered (3 answered "
+                                         "with an error; node "), summary["stopped"]
+    assert "BudgetExceededError: this client would reach record-level ε" in summary["stopped"]
