@@ -37,6 +37,33 @@ def _config_text(config: Path, overrides: list[str]) -> str:
     return dump_config(cfg) if overrides else config.read_text()
 
 
+SITE_KEYS = ("data-path", "test-path", "label-column", "data-shape", "data-scale", "site-key")
+SITE_PATHS = ("data-path", "test-path", "site-key")
+
+
+def site_options(items: list[str]) -> dict[int, dict[str, object]]:
+    """--site I:key=value options → client id → its node config keys (paths made absolute: the
+    SuperNodes run in the federation's directory)."""
+    out: dict[int, dict[str, object]] = {}
+    for item in items:
+        head, sep, value = item.partition("=")
+        cid, colon, key = head.partition(":")
+        if not (sep and colon and cid.isdigit() and value):
+            raise ConfigError(f"--site takes I:key=value (e.g. 0:data-path=sites/client-0.npz), got {item!r}")
+        if key not in SITE_KEYS:
+            raise ConfigError(f"--site key must be one of {', '.join(SITE_KEYS)}, got {key!r}")
+        v: object = str(Path(value).absolute()) if key in SITE_PATHS else value
+        if key == "data-scale":
+            try:
+                v = float(value)
+            except ValueError:
+                raise ConfigError(f"--site {cid}:data-scale must be a number, got {value!r}") from None
+        if key in out.get(int(cid), {}):
+            raise ConfigError(f"--site {cid}:{key} is given twice")
+        out.setdefault(int(cid), {})[key] = v
+    return out
+
+
 @app.command("certs")
 def certs_cmd(
     out_dir: Annotated[Path, typer.Argument(help="directory for ca.crt, server.pem, server.key (and node keys)")],
@@ -130,6 +157,9 @@ def local_cmd(
                                                      "(a new federation; the config and ledger are the run's)")] = None,
     launcher: str | None = typer.Option(None, help=LAUNCHER_HELP),
     node_poll: float = typer.Option(LOCAL_POLL, help=POLL_HELP),
+    site: Annotated[list[str] | None, typer.Option(help="a site's own data, I:key=value (repeat): client I's "
+                                                   f"{', '.join(SITE_KEYS)} (docs/site-data.md), e.g. "
+                                                   "--site 0:data-path=sites/client-0.npz")] = None,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the config with `flwr run`, tear down."""
     from dpfl.bench.flower import compare, table
@@ -138,6 +168,7 @@ def local_cmd(
     try:
         poll = node_poll_of(node_poll)
         mode = launcher_of(launcher, poll)
+        sites = site_options(site or [])
         if resume is None and config is None:
             config = Path("deploy-demo")  # the cross-silo recipe: record-level DP-SGD in 3 sites, secure sum
         if resume is not None:
@@ -145,12 +176,14 @@ def local_cmd(
                 raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
                                   "--set, --workdir and --reproducible")
             res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
-                            launcher=mode, node_poll=poll, log=console.print)
+                            node_config=sites, launcher=mode, node_poll=poll, log=console.print)
             work = resume
             for m in res["metrics"]:
                 console.print(m)
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
+            if sites:
+                raise ConfigError("--reproducible compares with the simulator on the built-in dataset: leave out --site")
             res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=mode, node_poll=poll,
                           log=console.print)
             table(res, console)
@@ -158,7 +191,7 @@ def local_cmd(
         else:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=mode,
-                            node_poll=poll, log=console.print)
+                            node_config=sites, node_poll=poll, log=console.print)
             for m in res["metrics"]:
                 console.print(m)
     except DpflError as e:

@@ -147,7 +147,8 @@ class Coordinator:
         else:
             if self.out and (self.out / CHECKPOINT).exists():
                 raise ConfigError(f"{self.out} already holds a deployed run with a checkpoint; resume it (run config "
-                                  "resume = true, `dpfl flower local --resume`) or choose another out-dir")
+                                  "resume = true: `dpfl flower local --resume`, or `dpfl flower app ... --resume` "
+                                  "by hand) or choose another out-dir (`--results`)")
             self.state = Run(cfg, self.out, log, data=evaluation != "federated")  # federated only: no data
         if cfg.run.checkpoint_every != 1:  # (a written config always carries it: a note, not an error)
             log(f"note: run.checkpoint_every = {cfg.run.checkpoint_every} does not apply to a deployed run, which "

@@ -534,6 +534,10 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     elif config_text is None:
         raise ConfigError("a local federation needs a config")
     cfg = parse_run_config(config_text)
+    outside = sorted(set(node_config or {}) - set(range(cfg.data.n_clients)))
+    if outside:
+        raise ConfigError(f"node config for clients {outside}, but the run has data.n_clients = {cfg.data.n_clients} "
+                          f"(clients 0..{cfg.data.n_clients - 1})")
     peers = work / "federation" / "certs" / certs.PEERS if auth else ""  # written when the federation starts
     app_dir = write_app(work / "app", config_text, out_dir=str(out), reproducible=reproducible,
                         timeout=min(timeout, 600.0), resume=resume, evaluation=evaluation, peers=str(peers))

@@ -1,0 +1,43 @@
+"""`dpfl flower local --site I:key=value`: each site's own files, checked before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dpfl.cli.flower import site_options
+from dpfl.cli.main import app
+from dpfl.errors import ConfigError
+
+
+def test_site_options_give_each_client_its_node_config_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    got = site_options(["0:data-path=sites/client-0.npz", "0:test-path=/abs/t.npz", "2:label-column=y",
+                        "2:data-scale=0.5", "1:data-shape=1,28,28"])
+    assert got == {0: {"data-path": str(tmp_path / "sites" / "client-0.npz"), "test-path": "/abs/t.npz"},
+                   2: {"label-column": "y", "data-scale": 0.5}, 1: {"data-shape": "1,28,28"}}
+
+
+@pytest.mark.parametrize(("item", "why"), [
+    ("data-path=x.npz", "I:key=value"), ("a:data-path=x", "I:key=value"), ("0:data-path=", "I:key=value"),
+    ("0:partition-id=3", "must be one of"), ("0:data-scale=big", "must be a number"),
+])
+def test_bad_site_options_are_one_line(item, why):
+    with pytest.raises(ConfigError, match=why):
+        site_options([item])
+    with pytest.raises(ConfigError, match="given twice"):
+        site_options(["0:data-path=a", "0:data-path=b"])
+
+
+def test_the_command_refuses_a_site_the_run_does_not_have_before_starting_anything(tmp_path):
+    work = tmp_path / "work"
+    res = CliRunner().invoke(app, ["flower", "local", "--workdir", str(work), "--site", "7:data-path=x.npz"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "node config for clients [7], but the run has data.n_clients = 3" in out, out
+    assert "Traceback" not in res.output and not (work / "federation").exists()
+    res = CliRunner().invoke(app, ["flower", "local", "--reproducible", "--workdir", str(work),
+                                   "--site", "0:data-path=x.npz"])
+    assert res.exit_code == 2 and "leave out --site" in " ".join(res.output.split())
+    assert not Path(work / "federation").exists()
