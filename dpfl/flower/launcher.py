@@ -236,6 +236,25 @@ def sweep(tmp):
             continue
 
 
+def own_superexec():
+    # Flower starts `flower-superexec` by name, and it starts `flwr-clientapp` by name: both must be this
+    # Python's (a pyenv shim found first runs another environment's and puts its bin first on PATH)
+    import sysconfig
+
+    dirs = [sysconfig.get_path("scripts"), sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user"))]
+    here = next((d for d in dirs if os.path.isfile(os.path.join(d, "flower-superexec"))), None)
+    if here is None:
+        sys.exit(f"dpfl-supernode: this Python ({{sys.executable}}) has no flower-superexec in {{dirs[0]}}: "
+                 "Flower would start another environment's, whose ClientApps do not run this dpfl; install "
+                 f"Flower's commands here: {{sys.executable}} -m pip install --force-reinstall --no-deps "
+                 f"flwr=={{flwr.__version__}}")
+    mine = os.path.dirname(os.path.abspath(__file__))
+    path = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if d != here]
+    at = next((i + 1 for i, d in enumerate(path) if os.path.abspath(d) == mine), 0)  # after dpfl's flwr-clientapp
+    os.environ["PATH"] = os.pathsep.join(path[:at] + [here] + path[at:])
+
+
+own_superexec()
 os.environ.pop("{env}", None)
 if FORK_SERVER and sys.platform.startswith("linux"):  # fork, SO_PEERCRED
     sweep(tempfile.gettempdir())

@@ -254,3 +254,28 @@ def test_the_launcher_follows_the_supernode(tmp_path):
         LocalFederation(tmp_path / "f4", 1, launcher="spawn")
     res = CliRunner().invoke(app, ["bench", "flower", "--launcher", "fork", "--node-poll", "3"])
     assert res.exit_code == 2 and "--launcher fork needs dpfl-supernode" in res.output
+
+
+def test_dpfl_supernode_refuses_a_python_without_flowers_commands_and_puts_its_own_first(tmp_path):
+    """A venv that found flwr installed outside it (--system-site-packages) has no flower-superexec:
+    the SuperNode would start another environment's through PATH (a pyenv shim also puts that
+    environment's bin first, so Flower's own flwr-clientapp and another dpfl run). Refused in one
+    line; where this Python has it, its bin comes right after dpfl's own directory on PATH."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    path = launcher.write_supernode(tmp_path / "bin", 0.5, fork=False)
+    env = {**os.environ, "PATH": os.pathsep.join([str(path.parent), "/nowhere", os.environ.get("PATH", "")])}
+    res = subprocess.run([str(venv / "bin" / "python"), str(path), "--help"], capture_output=True, text=True,
+                         timeout=120, check=False, env=env)
+    assert res.returncode == 1 and "usage:" not in res.stdout, res.stdout
+    assert f"has no flower-superexec in {venv / 'bin'}" in res.stderr and "--no-deps flwr==" in res.stderr
+    p = str(path)
+    probe = (f"import os, runpy, sys\nsys.argv = [{p!r}, '--help']\n"
+             "import flwr.supernode.cli as c\nc.flower_supernode = lambda: print('PATH', os.environ['PATH'])\n"
+             f"runpy.run_path({p!r}, run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False,
+                         env=env).stdout
+    import sysconfig
+
+    assert f"PATH {path.parent}{os.pathsep}{sysconfig.get_path('scripts')}{os.pathsep}/nowhere" in out, out
