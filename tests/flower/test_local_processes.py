@@ -102,3 +102,19 @@ def test_a_process_whose_name_is_not_utf8_does_not_stop_the_scan():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_component_that_exited_before_the_run_is_named_with_its_last_log_line(tmp_path):
+    from dpfl.flower.local import FederationError
+
+    fed = LocalFederation(tmp_path, 1, log=lambda s: None)
+    try:
+        p = fed._spawn([sys.executable, "-c", "import sys; print('starting'); sys.exit('dpfl-supernode: no good')"],
+                       "supernode-0")
+        fed.nodes[0] = p
+        p.wait(timeout=60)
+        with pytest.raises(FederationError, match=r"exited with code 1 before the run: dpfl-supernode: no good "
+                                                  r"\(see .*supernode-0\.log\)"):
+            fed.run(tmp_path / "app")
+    finally:
+        fed.stop()
