@@ -153,14 +153,19 @@ def _parent_pid(argv: list[str]) -> int | None:
 
 
 def alive(pid: int) -> bool:
-    """Whether process `pid` exists (one of another user's counts)."""
+    """Whether process `pid` runs (one of another user's counts). A zombie has ended: only its
+    parent's wait is missing, and a PID 1 that does not reap (a container's own command) keeps it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return not os.path.isdir("/proc")  # gone since the kill (Linux), or no /proc to tell
 
 
 def _wake(*_) -> None:

@@ -444,3 +444,20 @@ def test_the_server_file_imports_nothing_of_dpfl():
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
                          timeout=60, cwd="/").stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="a zombie is told from /proc")
+def test_a_zombie_is_not_alive():
+    """A process that ended but was not waited for (its parent a PID 1 that does not reap, as a
+    container's own command) no longer holds a site worker or a fork open."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{p.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    try:
+        assert not forkserver.alive(p.pid)
+        assert forkserver.alive(os.getpid())
+    finally:
+        p.wait()
+    assert not forkserver.alive(p.pid)
