@@ -98,6 +98,12 @@ class Prepared:
     inbox: dict[int, dict[int, bytes]] | None = None
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A site's text as one line of at most `limit` characters (it may be anything)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 Exchange = Callable[..., dict[int, Reply]]
 """exchange(kind, contents, timeout, quorum=None) → replies by node: once the `quorum` is met, the
 rest get a short grace (GridExchange); an exchange with `connected()` lists the nodes connected now,
@@ -235,12 +241,13 @@ class Coordinator:
                 left[node] = f"did not answer the hello: {rep.error if rep else 'no reply'}"
                 continue
             try:
-                cid, is_seeded = self._greet(node, rep.content)
+                cid, is_seeded, h = self._greet(node, rep.content)
             except (ProtocolError, ConfigError, DataError) as e:
                 if len(self.nodes) == n:
                     raise  # no spare node: the run cannot start
                 left[node] = str(e)
                 continue
+            self._keep(cid, h)
             claims.setdefault(cid, []).append(node)
             seeded.add(is_seeded)
         twice = {c: v for c, v in claims.items() if len(v) > 1}
@@ -272,9 +279,9 @@ class Coordinator:
             self.log(f"secure rounds are signed: {len(signing)} clients' signing keys bound to their registered keys")
         return bool(signing)
 
-    def _greet(self, node: int, content: RecordDict) -> tuple[int, bool]:
-        """One node's hello: (client id, seeded); its data size, data MAC, round keys and signing key are
-        kept. Data whose MAC differs from the one the run recorded for that client are refused."""
+    def _greet(self, node: int, content: RecordDict) -> tuple[int, bool, dict[str, Any]]:
+        """One node's hello, checked: (client id, seeded, the hello for `_keep`). Data whose MAC differs
+        from the one the run recorded for that client are refused."""
         n = self.cfg.data.n_clients
         h = wire.read_hello(content, self.cfg.federation.rounds, self.scheme.transport.secure)
         cid = h["cid"]
@@ -297,16 +304,20 @@ class Coordinator:
                    if not kx.verify(vk, sig, keys_statement(r, cid, enc, mask))]
             if bad:
                 raise ProtocolError(f"client {cid}: its round keys of rounds {bad} are not signed by its signing key")
-            self.signing[cid] = signing
-        else:
-            self.signing.pop(cid, None)
         if self.peers is not None and not (
                 signing is not None and cid in self.peers
                 and certs.check_binding(self.peers[cid], signing[1], self.config_text, cid, signing[0])):
             raise ProtocolError(f"node {node} claims client {cid} without a binding by that site's key in the "
                                 "server's peers file: refused")
+        return cid, h["seeded"], h
+
+    def _keep(self, cid: int, h: dict[str, Any]) -> None:
+        """Client cid's data size, data MAC, round keys and signing key, from a hello `_greet` accepted."""
         self.sizes[cid], self.round_keys[cid], self.hashes[cid] = h["size"], h["keys"], h["data"]
-        return cid, h["seeded"]
+        if h["signing"] is not None:
+            self.signing[cid] = h["signing"]
+        else:
+            self.signing.pop(cid, None)
 
     def rejoin(self, r: int) -> list[int]:
         """Before round r: greet nodes that connected since (a restarted site without node
@@ -316,13 +327,18 @@ class Coordinator:
         A client whose node did not answer its last round is served by the node that now says it
         holds it. Returns who rejoined."""
         listed = getattr(self.exchange, "connected", None)
-        late = getattr(self.exchange, "late_errors", None)
+        late, forget = getattr(self.exchange, "late_errors", None), getattr(self.exchange, "forget", None)
         known = set(self.node_of.values())
         new = set(listed()) - known if listed else set()
         erred = set(self.erred.keys())
-        for node, error in sorted((late() if late else {}).items()):
+        try:
+            found = late() if late else {}
+        except Exception as e:  # noqa: BLE001  (an optional look back; the round's own exchanges follow)
+            self.log(f"round {r}: could not look for late replies: {one_line(e)}")
+            found = {}
+        for node, error in sorted(found.items()):
             if node in known and node not in erred:
-                self.log(f"round {r}: node {node} answered an earlier message late, with an error: {error}")
+                self.log(f"round {r}: node {node} answered an earlier message late, with an error: {one_line(error)}")
                 erred.add(node)
         ask = sorted(new | (erred & known))
         if not ask:
@@ -335,7 +351,7 @@ class Coordinator:
             if rep is None or rep.content is None:
                 continue
             try:
-                cid, _ = self._greet(node, rep.content)
+                cid, _, h = self._greet(node, rep.content)
             except (ProtocolError, ConfigError, DataError) as e:
                 self.log(f"round {r}: node {node} cannot rejoin: {e}")
                 continue
@@ -343,8 +359,11 @@ class Coordinator:
             if old is not None and old != node and old not in self.silent | self.erred.keys():
                 self.log(f"round {r}: node {node} claims client {cid}, which node {old} still serves: refused")
                 continue
+            self._keep(cid, h)
             self.node_of[cid] = node
             back.append(cid)
+            if forget is not None:  # its answers to messages from before this hello are of no more use
+                forget(node)
         if back:
             self.log(f"round {r}: clients {back} rejoined (fresh round keys)")
         return back
@@ -465,14 +484,15 @@ class Coordinator:
                 out[node] = rep
         return out
 
-    def nobody(self, r: int) -> RoundAborted:
-        """Round r aborted for want of answers, with the first error a node sent (the reason, when
-        every site refuses alike: a spent privacy budget, a config it rejects)."""
+    def nobody(self, r: int, what: str = "answered") -> RoundAborted:
+        """Round r aborted for want of answers, with the lowest client's error (the reason, when every
+        site refuses alike: a spent privacy budget, a config it rejects)."""
         why = ""
         if self.erred:
-            node, error = min(self.erred.items())
-            why = f" ({len(self.erred)} answered with an error; node {node}: {error})"
-        return RoundAborted(f"round {r}: no client answered{why}")
+            client = {node: cid for cid, node in self.node_of.items()}
+            cid, error = min((client.get(node, -1), e) for node, e in self.erred.items())
+            why = f" ({len(self.erred)} answered with an error; client {cid}: {one_line(error)})"
+        return RoundAborted(f"round {r}: no client {what}{why}")
 
     def read(self, r: int, cid: int, rep: Reply | None, parse: Callable[[RecordDict], Any]) -> Any:
         """Parse one client's reply (None if it sent none); a malformed one is logged and its
@@ -508,7 +528,7 @@ class Coordinator:
         rows = [self.read(ctx.round, int(c), replies.get(self.node_of[int(c)]),
                           lambda m: wire.read_vector(m, n, wire.STATISTIC)) for c in cohort]
         if all(r is None for r in rows):
-            raise RoundAborted(f"round {ctx.round}: no client sent its statistic row")
+            raise self.nobody(ctx.round, "sent its statistic row")
         self.keep(ctx, [r is not None for r in rows])
         return torch.from_numpy(np.stack([r for r in rows if r is not None])).to(self.state.device)
 

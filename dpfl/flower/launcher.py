@@ -237,21 +237,32 @@ def sweep(tmp):
 
 
 def own_superexec():
-    # Flower starts `flower-superexec` by name, and it starts `flwr-clientapp` by name: both must be this
-    # Python's (a pyenv shim found first runs another environment's and puts its bin first on PATH)
-    import sysconfig
+    # Flower starts `flower-superexec` by name, and it starts `flwr-clientapp` by name: both must be the
+    # imported flwr's, run by this Python (a pyenv shim found first runs another environment's and puts
+    # its bin first on PATH)
+    from importlib import metadata
 
-    dirs = [sysconfig.get_path("scripts"), sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user"))]
-    here = next((d for d in dirs if os.path.isfile(os.path.join(d, "flower-superexec"))), None)
-    if here is None:
-        sys.exit(f"dpfl-supernode: this Python ({{sys.executable}}) has no flower-superexec in {{dirs[0]}}: "
-                 "Flower would start another environment's, whose ClientApps do not run this dpfl; install "
-                 f"Flower's commands here: {{sys.executable}} -m pip install --force-reinstall --no-deps "
+    dist = metadata.distribution("flwr")
+    found = [os.path.normpath(str(dist.locate_file(f))) for f in dist.files or () if f.name == "flower-superexec"]
+    script = next((f for f in found if os.path.isfile(f)), None)
+    python = None
+    if script is not None:
+        with open(script, "rb") as f:
+            head = f.readline().split()
+        if len(head) == 1 and head[0].startswith(b"#!") and os.path.basename(head[0]).startswith(b"python"):
+            python = os.fsdecode(head[0][2:])  # pip's line for a plain path (others: cannot tell, kept)
+    if script is None or (python is not None and os.path.dirname(python) != os.path.dirname(sys.executable)):
+        what = "has no flower-superexec" if script is None else f"has {{script}}, which runs {{python}}"
+        sys.exit(f"dpfl-supernode: the flwr this Python ({{sys.executable}}) imports {{what}}: the SuperNode would "
+                 "start another environment's SuperExec, whose ClientApps do not run this dpfl; install Flower's "
+                 f"commands for this Python: {{sys.executable}} -m pip install --force-reinstall --no-deps "
                  f"flwr=={{flwr.__version__}}")
-    mine = os.path.dirname(os.path.abspath(__file__))
-    path = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if d != here]
-    at = next((i + 1 for i, d in enumerate(path) if os.path.abspath(d) == mine), 0)  # after dpfl's flwr-clientapp
-    os.environ["PATH"] = os.pathsep.join(path[:at] + [here] + path[at:])
+    here = os.path.realpath(os.path.dirname(script))
+    mine = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    first = [d for d in path if d and os.path.realpath(d) == mine][:1]  # dpfl's flwr-clientapp stays first
+    rest = [d for d in path if not d or os.path.realpath(d) not in (mine, here)]
+    os.environ["PATH"] = os.pathsep.join(first + [here] + rest)
 
 
 own_superexec()

@@ -175,7 +175,7 @@ class LocalFederation:
         self.log = log
         self.procs: list[subprocess.Popen] = []
         self._started: dict[int, int | None] = {}  # pid → start time, of the processes started here not yet ended
-        self._names: dict[int, str] = {}  # pid → its log's name
+        self._names: dict[int, tuple[str, int]] = {}  # pid → its log's name, and where its part begins
         self.port = 0
         self.cpu_seconds = 0.0  # CPU time of all components, measured at stop()
         self._cpu_done = 0.0  # of `flwr run` processes that have ended
@@ -241,11 +241,12 @@ class LocalFederation:
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as out:
+            at = out.tell()
             p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
                                  start_new_session=True)  # its own session: see `session_members`
         self.procs.append(p)
         self._started[p.pid] = start_time(p.pid)
-        self._names[p.pid] = name
+        self._names[p.pid] = (name, at)
         return p
 
     def _leftovers(self, pids: list[int]) -> list[int]:
@@ -391,8 +392,11 @@ class LocalFederation:
         `watch(log so far)` is called every 0.5 s while the run goes on (tests act on it)."""
         for p in [q for q in (self.link, *self.nodes.values()) if q is not None]:
             if p.poll() is not None:
-                log = self.dir / "logs" / f"{self._names.get(p.pid, '')}.log"
-                lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+                name, at = self._names.get(p.pid, ("", 0))
+                log = self.dir / "logs" / f"{name}.log"
+                with open(log, "rb") as f:
+                    f.seek(at)
+                    lines = f.read().decode(errors="replace").strip().splitlines()
                 raise FederationError(f"{shlex.join(p.args[:1])} exited with code {p.returncode} before the run"
                                       + (f": {lines[-1].strip()} (see {log})" if lines else ""))
         log_path = self.dir / "logs" / f"{name}.log"

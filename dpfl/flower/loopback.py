@@ -58,6 +58,10 @@ class Loopback:
         self._late.clear()
         return out
 
+    def forget(self, node: int) -> None:
+        """Drop `node`'s late replies not yet collected."""
+        self._late = [(n, rep) for n, rep in self._late if n != node]
+
     def __call__(self, kind: str, contents: dict[int, RecordDict], timeout: float,
                  quorum: Quorum | None = None) -> dict[int, Reply]:
         out = {}

@@ -41,7 +41,7 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproduci
 
 class GridExchange:
     """`Exchange` over Flower: one message per node, replies matched to the message they answer
-    (`reply_to_message_id`: the SuperLink's own "node unavailable" replies come from node 0) and
+    (`reply_to_message_id`: the SuperLink's own "node unavailable" replies come from node 1) and
     collected until `timeout`, or, once the `quorum` is met (`quorum_open`: replies with content
     count) or can no longer be, for a grace period as long again as that took (at least `GRACE_MIN`
     s): a lost site costs seconds, not the timeout.
@@ -66,6 +66,10 @@ class GridExchange:
             if node is not None and rep.has_error() and rep.metadata.src_node_id == node:
                 out[node] = f"{rep.error.reason} (Flower error code {rep.error.code})"
         return out
+
+    def forget(self, node: int) -> None:
+        """Stop looking for `node`'s replies to messages sent so far (it was greeted again)."""
+        self.late = {mid: n for mid, n in self.late.items() if n != node}
 
     def connected(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())

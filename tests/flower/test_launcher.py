@@ -256,26 +256,35 @@ def test_the_launcher_follows_the_supernode(tmp_path):
     assert res.exit_code == 2 and "--launcher fork needs dpfl-supernode" in res.output
 
 
+@pytest.mark.skipif(sys.prefix != sys.base_prefix, reason="a venv inside a venv does not see the outer one's flwr")
 def test_dpfl_supernode_refuses_a_python_without_flowers_commands_and_puts_its_own_first(tmp_path):
-    """A venv that found flwr installed outside it (--system-site-packages) has no flower-superexec:
-    the SuperNode would start another environment's through PATH (a pyenv shim also puts that
-    environment's bin first, so Flower's own flwr-clientapp and another dpfl run). Refused in one
-    line; where this Python has it, its bin comes right after dpfl's own directory on PATH."""
+    """A venv that found flwr installed outside it (--system-site-packages) has no flower-superexec
+    of its own: the SuperNode would start the base environment's through PATH (a pyenv shim also
+    puts that environment's bin first, so Flower's own flwr-clientapp and another dpfl run).
+    Refused in one line; otherwise flwr's scripts directory comes right after dpfl's own on PATH,
+    both first, however the directory is spelled (here through a link)."""
+    from importlib import metadata
+
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
                    timeout=120)
-    path = launcher.write_supernode(tmp_path / "bin", 0.5, fork=False)
-    env = {**os.environ, "PATH": os.pathsep.join([str(path.parent), "/nowhere", os.environ.get("PATH", "")])}
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    path = launcher.write_supernode(tmp_path / "real" / "bin", 0.5, fork=False)
+    linked = tmp_path / "link" / "bin"
+    env = {**os.environ, "PATH": os.pathsep.join(["/nowhere", str(linked), os.environ.get("PATH", "")])}
     res = subprocess.run([str(venv / "bin" / "python"), str(path), "--help"], capture_output=True, text=True,
                          timeout=120, check=False, env=env)
     assert res.returncode == 1 and "usage:" not in res.stdout, res.stdout
-    assert f"has no flower-superexec in {venv / 'bin'}" in res.stderr and "--no-deps flwr==" in res.stderr
+    assert f"the flwr this Python ({venv / 'bin' / 'python'}) imports has " in res.stderr, res.stderr
+    assert "whose ClientApps do not run this dpfl" in res.stderr and "--no-deps flwr==" in res.stderr
     p = str(path)
     probe = (f"import os, runpy, sys\nsys.argv = [{p!r}, '--help']\n"
              "import flwr.supernode.cli as c\nc.flower_supernode = lambda: print('PATH', os.environ['PATH'])\n"
              f"runpy.run_path({p!r}, run_name='__main__')\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False,
                          env=env).stdout
-    import sysconfig
-
-    assert f"PATH {path.parent}{os.pathsep}{sysconfig.get_path('scripts')}{os.pathsep}/nowhere" in out, out
+    dist = metadata.distribution("flwr")
+    (script,) = [dist.locate_file(f) for f in dist.files if f.name == "flower-superexec"]
+    here = os.path.realpath(os.path.dirname(script))
+    assert f"PATH {linked}{os.pathsep}{here}{os.pathsep}/nowhere{os.pathsep}" in out, out

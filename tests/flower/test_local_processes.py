@@ -108,6 +108,8 @@ def test_a_component_that_exited_before_the_run_is_named_with_its_last_log_line(
     from dpfl.flower.local import FederationError
 
     fed = LocalFederation(tmp_path, 1, log=lambda s: None)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "supernode-0.log").write_text("an earlier start's last line\n")
     try:
         p = fed._spawn([sys.executable, "-c", "import sys; print('starting'); sys.exit('dpfl-supernode: no good')"],
                        "supernode-0")
@@ -115,6 +117,11 @@ def test_a_component_that_exited_before_the_run_is_named_with_its_last_log_line(
         p.wait(timeout=60)
         with pytest.raises(FederationError, match=r"exited with code 1 before the run: dpfl-supernode: no good "
                                                   r"\(see .*supernode-0\.log\)"):
+            fed.run(tmp_path / "app")
+        q = fed._spawn([sys.executable, "-c", "pass"], "supernode-0")  # prints nothing: no line of the earlier one
+        fed.nodes[0] = q
+        q.wait(timeout=60)
+        with pytest.raises(FederationError, match=r"exited with code 0 before the run$"):
             fed.run(tmp_path / "app")
     finally:
         fed.stop()

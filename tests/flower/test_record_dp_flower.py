@@ -73,5 +73,5 @@ def test_a_run_every_client_refuses_says_why():
     summary = co.run()
     assert summary["rounds_aborted"] == 3
     assert summary["stopped"].startswith("all 3 rounds aborted (the last: round 3: no client answered (3 answered "
-                                         "with an error; node "), summary["stopped"]
+                                         "with an error; client 0: "), summary["stopped"]
     assert "BudgetExceededError: this client would reach record-level ε" in summary["stopped"]
