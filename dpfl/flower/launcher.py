@@ -198,7 +198,7 @@ FORK_SERVER = {server!r}  # dpfl's fork server for this SuperNode's ClientApps (
 def sweep(tmp):
     # this user's directories dpfl-fork-PID-* whose SuperNode PID is gone, left by a fork server killed
     # with SIGKILL (one that sees its SuperNode end removes its own): removed only when they hold
-    # nothing but a socket no server answers on; one odd entry never stops the SuperNode's start
+    # nothing but a socket no server answers on, or nothing; one odd entry never stops the SuperNode's start
     try:
         names = os.listdir(tmp)
     except OSError:
@@ -216,19 +216,21 @@ def sweep(tmp):
             path = os.path.join(tmp, name)
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
-                if os.stat(fd).st_uid != os.getuid() or os.listdir(fd) != ["s"]:
+                held = os.listdir(fd)
+                if os.stat(fd).st_uid != os.getuid() or held not in ([], ["s"]):
                     continue
-                if not stat.S_ISSOCK(os.stat("s", dir_fd=fd, follow_symlinks=False).st_mode):
+                if held and not stat.S_ISSOCK(os.stat("s", dir_fd=fd, follow_symlinks=False).st_mode):
                     continue
-                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    probe.connect(os.path.join(path, "s"))
-                    continue  # a server answers (its SuperNode in another pid namespace): kept
-                except OSError:
-                    pass
-                finally:
-                    probe.close()
-                os.unlink("s", dir_fd=fd)
+                if held:
+                    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    try:
+                        probe.connect(os.path.join(path, "s"))
+                        continue  # a server answers (its SuperNode in another pid namespace): kept
+                    except OSError:
+                        pass
+                    finally:
+                        probe.close()
+                    os.unlink("s", dir_fd=fd)
             finally:
                 os.close(fd)
             os.rmdir(path)

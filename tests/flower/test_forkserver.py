@@ -270,6 +270,7 @@ def test_dpfl_supernode_starts_a_server_that_ends_with_it(tmp_path):
             x.bind(str(path))
 
     left = {f"dpfl-fork-{gone.pid}-a": ["s"],  # a server killed with SIGKILL: swept
+            f"dpfl-fork-{gone.pid}-h": [],  # killed before it listened, or between its socket and folder: swept
             f"dpfl-fork-{gone.pid}-b": ["s", "other"],  # something else in it: kept whole
             f"dpfl-fork-{gone.pid}-c": [],  # a plain file named s, not a socket: kept
             f"dpfl-fork-{os.getpid()}-d": ["s"],  # a live SuperNode's: kept
@@ -294,7 +295,7 @@ def test_dpfl_supernode_starts_a_server_that_ends_with_it(tmp_path):
         while not list(tmp.glob(f"dpfl-fork-{p.pid}-*/s")) and time.monotonic() < deadline:
             time.sleep(0.1)
         (sock,) = tmp.glob(f"dpfl-fork-{p.pid}-*/s")
-        assert sorted(d.name for d in tmp.iterdir() if d != sock.parent) == sorted(set(left) - {f"dpfl-fork-{gone.pid}-a"})
+        assert sorted(d.name for d in tmp.iterdir() if d != sock.parent) == sorted(set(left) - {f"dpfl-fork-{gone.pid}-a", f"dpfl-fork-{gone.pid}-h"})
         assert sorted(f.name for f in (tmp / f"dpfl-fork-{gone.pid}-b").iterdir()) == ["other", "s"]
         assert (victim / "s").exists() and (tmp / f"dpfl-fork-{gone.pid}-c" / "s").is_file()
         assert oct(sock.parent.stat().st_mode & 0o777) == "0o700" and oct(sock.stat().st_mode & 0o777) == "0o600"
