@@ -123,7 +123,8 @@ def hello(content: RecordDict, state: RecordDict, node_config: Mapping, run_conf
                           "data_mac": c.data_mac(salt),
                           "data_mac_salted": True})
     if c.scheme.transport.secure:
-        if NODE not in state:
+        reply["fresh"] = NODE not in state  # a first hello, or a restarted node's: it holds no keys or shares
+        if reply["fresh"]:
             state[NODE] = ConfigRecord({"secret": c.node_secret(), "last_round": 0, "first_round": 0})
         keys = round_public_keys(state[NODE]["secret"], c.cfg.federation.rounds)
         reply["enc_pk"], reply["mask_pk"] = [k[0] for k in keys], [k[1] for k in keys]

@@ -359,11 +359,16 @@ class Coordinator:
             if old is not None and old != node and old not in self.silent | self.erred.keys():
                 self.log(f"round {r}: node {node} claims client {cid}, which node {old} still serves: refused")
                 continue
+            kept = old == node and h.get("fresh") is False and h["keys"] == self.round_keys.get(cid)
             self._keep(cid, h)
             self.node_of[cid] = node
-            back.append(cid)
             if forget is not None:  # its answers to messages from before this hello are of no more use
                 forget(node)
+            if kept:  # the same node with the same keys, its shares kept: its error was not a restart
+                self.log(f"round {r}: node {node} kept its state (its error was not a restart): client {cid} "
+                         "goes on")
+                continue
+            back.append(cid)
         if back:
             self.log(f"round {r}: clients {back} rejoined (fresh round keys)")
         return back

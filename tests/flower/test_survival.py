@@ -105,6 +105,31 @@ def test_a_restarted_site_whose_errors_come_late_is_greeted_again():
                "node has not advertised keys" in ln for ln in lines), lines
 
 
+def test_a_site_that_erred_without_restarting_goes_on_without_sitting_out():
+    """Site 1 answers round 2's training with an error (a passing fault; it keeps its state): it is
+    greeted again before round 3, says it kept its state, and takes part in round 3, whose keys it
+    had shared. Before, it was counted as rejoined and sat round 3 out."""
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 4, "clients_per_round": 3})
+    lines: list[str] = []
+    co, lb = _federation(data)
+    co.log = lines.append
+    real = lb.__call__
+
+    def flaky(kind, contents, timeout, quorum=None):
+        out = real(kind, contents, timeout, quorum)
+        if kind == "train.sa_train" and _round_of(lb, len(lb.calls)) == 2 and 101 in out:
+            out[101] = Reply(None, "RuntimeError: a passing fault", 0, 0)
+        return out
+
+    co.exchange = flaky
+    co.run()
+    h = co.history
+    assert [m["answered"] for m in h] == [3, 2, 3, 3] and all("rejoined" not in m for m in h)
+    assert any("round 3: node 101 kept its state (its error was not a restart): client 1 goes on" in ln
+               for ln in lines), lines
+
+
 def test_a_restarted_site_under_a_new_node_id_takes_its_client_back():
     """Without node authentication a restarted SuperNode gets a new node id: the server greets it
     before the next round, whose keys were shared without it, and serves its client from the round

@@ -137,8 +137,14 @@ def test_signed_messages_round_trip_and_are_size_checked():
 
 def test_a_signing_hello_is_read_whole_or_refused():
     rec = ConfigRecord({"cid": 1, "size": 5, "describe": "x", "seeded": False, "data_mac": "a" * 64,
-                        "data_mac_salted": True, "enc_pk": [b"e" * 32] * 2, "mask_pk": [b"m" * 32] * 2})
+                        "data_mac_salted": True, "enc_pk": [b"e" * 32] * 2, "mask_pk": [b"m" * 32] * 2,
+                        "fresh": True})
     assert wire.read_hello({wire.REPLY: rec}, 2, True)["signing"] is None
+    assert wire.read_hello({wire.REPLY: rec}, 2, True)["fresh"] is True
+    for bad in (1, "yes", None):  # a node says whether it had state, as a bool, or is refused
+        with pytest.raises(ProtocolError, match="hello"):
+            wire.read_hello({wire.REPLY: ConfigRecord({**rec, "fresh": bad})} if bad is not None else
+                            {wire.REPLY: ConfigRecord({k: v for k, v in rec.items() if k != "fresh"})}, 2, True)
     signing = {"sign_pk": b"v" * 32, "binding": b"b" * 100, "keys_sig": [b"s" * 64] * 2}
     got = wire.read_hello({wire.REPLY: ConfigRecord({**rec, **signing})}, 2, True)
     assert got["signing"] == (b"v" * 32, b"b" * 100, [b"s" * 64] * 2)
