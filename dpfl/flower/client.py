@@ -7,7 +7,8 @@ Message types (content records in `wire`):
                        the scheme it built; for secure schemes also
                        its two X25519 public keys of every round (advertised ahead of time) and,
                        on a signing node, its Ed25519 key of the run, that key's binding to the
-                       registered node key, and its signatures of the round keys
+                       registered node key, and its signatures of the round keys; and whether it
+                       had no state before this hello (`fresh`: a first hello, or a restarted node)
     train.statistic    schemes whose step needs a round statistic first (FSVRG): the client's row
                        of it (its full local gradient); the server's combination of the rows
                        then comes with the training message, checked (finite float32 [n])

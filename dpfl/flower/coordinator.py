@@ -325,7 +325,8 @@ class Coordinator:
         error (a restarted site keeps its id but lost its keys), then or since (a restarted site
         still working through messages sent while it was away answers after their exchange ended).
         A client whose node did not answer its last round is served by the node that now says it
-        holds it. Returns who rejoined."""
+        holds it. A known node whose hello says it kept its state, with the same round keys, had an
+        error, not a restart: it is not counted as rejoined. Returns who rejoined."""
         listed = getattr(self.exchange, "connected", None)
         late, forget = getattr(self.exchange, "late_errors", None), getattr(self.exchange, "forget", None)
         known = set(self.node_of.values())
@@ -366,7 +367,7 @@ class Coordinator:
                 forget(node)
             if kept:  # the same node with the same keys, its shares kept: its error was not a restart
                 self.log(f"round {r}: node {node} kept its state (its error was not a restart): client {cid} "
-                         "goes on")
+                         "is not made to sit out")
                 continue
             back.append(cid)
         if back:
@@ -654,7 +655,7 @@ class Coordinator:
             pend = self.keys_exchange(r, cohort, ctx.n_selected)
         elif pend.round != r or not np.array_equal(pend.cohort, cohort):
             raise RuntimeError(f"round {r}: keys were shared for another cohort")  # `select` draws a round once
-        else:  # a member whose node changed since, or that was greeted again, lost what it shared: it sits out
+        else:  # a member whose node changed since, or that rejoined, lost what it shared: it sits out
             for i in [i for i in pend.inbox if self.node_of.get(int(cohort[i])) != pend.node_at[i]
                       or int(cohort[i]) in self.rejoined]:
                 del pend.inbox[i]

@@ -199,7 +199,8 @@ def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]
     """A client's hello: id, data size, scheme description, seeded flag, `data` (the HMAC-SHA256 of its
     training and held-out arrays under its site key, 64 lowercase hex digits), round public keys, and for a signing
     node (secure schemes only) `signing` = (Ed25519 key, binding, signatures of the round keys),
-    else None; for secure schemes `fresh`: the node had no state (keys, shares) before this hello."""
+    else None; for secure schemes `fresh`: the node had no state (keys, shares) before this hello (None
+    where an older site does not say)."""
     w = "hello"
     rec = _record(content, REPLY, w)
     out = {"cid": _get(rec, "cid", int, w), "size": _get(rec, "size", int, w),
@@ -217,7 +218,7 @@ def read_hello(content: RecordDict, rounds: int, secure: bool) -> dict[str, Any]
         if any(not isinstance(x, bytes) or len(x) != 32 for x in (*enc, *mask)):
             raise ProtocolError(f"{w}: public keys must be 32-byte X25519 keys")
         out["keys"] = list(zip(enc, mask))
-        out["fresh"] = _get(rec, "fresh", bool, w)
+        out["fresh"] = _get(rec, "fresh", bool, w) if "fresh" in rec else None  # None: a site before 2026-11-29
         if any(f in rec for f in SIGNING_FIELDS):
             vk = _get(rec, "sign_pk", bytes, w)
             binding = _get(rec, "binding", bytes, w)

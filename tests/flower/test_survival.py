@@ -24,6 +24,7 @@ from flower_helpers import (
 
 from dpfl.config import load_config
 from dpfl.errors import ConfigError
+from dpfl.flower import wire
 from dpfl.flower.coordinator import Coordinator, Reply
 from dpfl.flower.loopback import Loopback
 from dpfl.run.state import CHECKPOINT, METRICS, RUN_FILES, SUMMARY
@@ -126,8 +127,37 @@ def test_a_site_that_erred_without_restarting_goes_on_without_sitting_out():
     co.run()
     h = co.history
     assert [m["answered"] for m in h] == [3, 2, 3, 3] and all("rejoined" not in m for m in h)
-    assert any("round 3: node 101 kept its state (its error was not a restart): client 1 goes on" in ln
-               for ln in lines), lines
+    assert any("round 3: node 101 kept its state (its error was not a restart): client 1 is not made to sit out"
+               in ln for ln in lines), lines
+
+
+def test_a_restarted_site_that_says_it_kept_its_state_with_new_keys_is_taken_as_restarted():
+    """Unseeded sites: site 2 restarts with a new secret (new round keys) and its hello claims
+    fresh = false. The keys differ from the ones it shared, so it is counted as rejoined and sits
+    out the round whose keys were shared without it, as any restarted site."""
+    require_row_contract()
+    data = config(TOLERANT, federation={"rounds": 5, "clients_per_round": 3})
+    lb = Loopback({"dpfl-config": tomli_w.dumps(data)}, node_configs(3, seeded=False))
+    co = Coordinator(load_config(data=data), lb, lb.nodes, reproducible=True, log=lambda s: None)
+    real = lb.__call__
+
+    def before(kind: str, calls: int) -> None:
+        if kind == "train.sa_train" and _round_of(lb, calls) == 2:
+            lb.kill(102)
+        if kind == "train.sa_train" and _round_of(lb, calls) == 3:
+            lb.restart(102)
+
+    def lying(kind, contents, timeout, quorum=None):
+        out = real(kind, contents, timeout, quorum)
+        if kind == "query" and 102 in out and out[102].content is not None and co.history:
+            out[102].content[wire.REPLY]["fresh"] = False
+        return out
+
+    lb.before = before
+    co.exchange = lying
+    co.run()
+    h = co.history
+    assert [m["answered"] for m in h] == [3, 2, 2, 2, 3] and h[3]["rejoined"] == [2]
 
 
 def test_a_restarted_site_under_a_new_node_id_takes_its_client_back():
