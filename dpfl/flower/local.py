@@ -30,6 +30,7 @@ from typing import Self
 from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
 from dpfl.flower import launcher as quick_launch
+from dpfl.flower.forkserver import alive
 
 CONNECTION = "dpfl-local"
 # Flower's own settings: no telemetry, no update check, and the SuperExec looks for new tasks every
@@ -128,12 +129,12 @@ def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, also: list
 
 
 def _alive(pid: int) -> bool:
+    """`forkserver.alive` (a zombie has ended), for a process this user may signal."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    f = _stat(pid)  # gone since the kill, or a zombie (exited; only its parent's wait is missing)
-    return f is not None and f[0] != "Z"
+    return alive(pid)
 
 
 # Flower 1.41 gives a launched ServerApp/ClientApp process HEARTBEAT_DEFAULT_INTERVAL = 30 s from its launch
