@@ -43,9 +43,41 @@ class FederationError(DpflError, RuntimeError):
     """A local federation component failed to start or a run failed."""
 
 
+_GIVEN: set[int] = set()  # ports this process handed out (a SuperNode binds its port seconds later)
+
+
+def _ephemeral() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (and of bind to port 0)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free on 127.0.0.1 now, outside the ephemeral range where one exists: a port from bind to
+    port 0 can be taken, before its component binds it, by any outgoing connection (Flower's HTTP polls
+    open many), and a SuperNode whose Runtime API cannot bind exits with code 1."""
+    import secrets
+
+    low, high = _ephemeral()
+    spans = [(r0, r1) for r0, r1 in ((10000, low - 1), (high + 1, 65535)) if r1 - r0 >= 1000]
+    for _ in range(200 if spans else 0):
+        r0, r1 = spans[secrets.randbelow(len(spans))]
+        port = r0 + secrets.randbelow(r1 - r0 + 1)
+        if port in _GIVEN:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room outside: the kernel's pick
         s.bind(("127.0.0.1", 0))
+        _GIVEN.add(s.getsockname()[1])
         return s.getsockname()[1]
 
 
@@ -379,8 +411,20 @@ class LocalFederation:
                 continue
             n = self._end(p)
             left = f"; stopped {n} process{'es' if n > 1 else ''} it left running" if n else ""
-            self.log(f"the SuperNode of client {i} exited with code {p.returncode}{left} "
-                     f"(see {self.dir / 'logs' / f'supernode-{i}.log'})")
+            last = self._last_line(p)
+            self.log(f"the SuperNode of client {i} exited with code {p.returncode}{left}"
+                     f"{f': {last}' if last else ''} (see {self.dir / 'logs' / f'supernode-{i}.log'})")
+
+    def _last_line(self, p: subprocess.Popen) -> str:
+        """The last line process p wrote to its part of its log ("" if none)."""
+        name, at = self._names.get(p.pid, ("", 0))
+        try:
+            with open(self.dir / "logs" / f"{name}.log", "rb") as f:
+                f.seek(at)
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1].strip()[:300] if lines else ""
 
     def serverapps(self) -> list[int]:
         """The pids of the running ServerApp processes of this federation."""
@@ -393,13 +437,10 @@ class LocalFederation:
         `watch(log so far)` is called every 0.5 s while the run goes on (tests act on it)."""
         for p in [q for q in (self.link, *self.nodes.values()) if q is not None]:
             if p.poll() is not None:
-                name, at = self._names.get(p.pid, ("", 0))
-                log = self.dir / "logs" / f"{name}.log"
-                with open(log, "rb") as f:
-                    f.seek(at)
-                    lines = f.read().decode(errors="replace").strip().splitlines()
+                last = self._last_line(p)
+                log = self.dir / "logs" / f"{self._names.get(p.pid, ('', 0))[0]}.log"
                 raise FederationError(f"{shlex.join(p.args[:1])} exited with code {p.returncode} before the run"
-                                      + (f": {lines[-1].strip()} (see {log})" if lines else ""))
+                                      + (f": {last} (see {log})" if last else ""))
         log_path = self.dir / "logs" / f"{name}.log"
         log_path.unlink(missing_ok=True)
         before = _children_cpu()

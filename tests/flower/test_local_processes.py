@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="process sess
 NODE = ("import subprocess, sys, time\n"
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
         "print(c.pid, flush=True)\n"
+        "print('serving', flush=True)\n"
         "time.sleep(300)\n")
 
 
@@ -71,7 +72,7 @@ def test_a_node_found_dead_during_a_run_is_reported_once_and_its_leftovers_stopp
         fed.check_nodes()
         fed.check_nodes()
         assert len(lines) == 1 and lines[0].startswith("the SuperNode of client 1 exited with code -9; "
-                                                       "stopped 1 process it left running (see "), lines
+                                                       "stopped 1 process it left running: serving (see "), lines
         assert not _alive(child) and _alive(other) and q.poll() is None
     finally:
         fed.stop()
@@ -102,6 +103,22 @@ def test_a_process_whose_name_is_not_utf8_does_not_stop_the_scan():
     finally:
         p.kill()
         p.wait()
+
+
+def test_ports_are_distinct_free_and_outside_the_kernels_range_for_outgoing_connections():
+    """A port from bind to port 0 can be taken by an outgoing connection before the SuperNode binds it
+    (its Runtime API then fails to start: exit code 1, as a CI run saw)."""
+    import socket
+
+    from dpfl.flower.local import _ephemeral, free_port
+
+    low, high = _ephemeral()
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert not any(low <= p <= high for p in ports), (low, high)
+    for p in ports[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
 
 
 def test_a_component_that_exited_before_the_run_is_named_with_its_last_log_line(tmp_path):
