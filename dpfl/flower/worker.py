@@ -44,6 +44,7 @@ from dpfl.flower.forkserver import alive, peer_uid
 
 KINDS = ("query", "train", "train.statistic", "train.sa_train", "evaluate")  # client.SITE_WORKER_KINDS
 IDLE_S = 600.0
+KEEP_S = {".lock": 86400.0, ".log": 7 * 86400.0}  # a gone worker's files are removed after this long
 START_S = 120.0  # a new worker must listen within this many seconds
 MAX_FRAME = 1 << 31
 
@@ -159,7 +160,27 @@ def _try_connect(path: Path) -> socket.socket | None:
     return s
 
 
+def sweep(d: Path, now: float | None = None) -> int:
+    """Remove the old .lock and .log files of workers that are gone (no socket): one pair per (run,
+    node), and a site serves many runs. Returns how many were removed."""
+    import stat
+
+    now = time.time() if now is None else now
+    removed = 0
+    for f in d.iterdir():
+        keep = KEEP_S.get(f.suffix)
+        if keep is None or f.with_suffix(".sock").exists():
+            continue
+        with contextlib.suppress(OSError):
+            st = f.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > keep:
+                f.unlink()
+                removed += 1
+    return removed
+
+
 def _start(path: Path) -> None:
+    sweep(path.parent)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket of a worker that is gone
     with open(path.with_suffix(".log"), "ab") as log:

@@ -66,3 +66,18 @@ def test_a_socket_directory_others_can_open_is_refused(sockets):
     d.chmod(0o777)
     with pytest.raises(ConfigError, match="must belong to this user with mode 0700"):
         worker.socket_path(1, 2)
+
+
+def test_the_old_files_of_gone_workers_are_swept_and_nothing_else(tmp_path):
+    now = 1_000_000_000.0
+    day = 86400.0
+    files = {"a.lock": 2 * day, "a.log": 2 * day, "b.log": 8 * day, "c.lock": 2 * day, "c.log": 8 * day,
+             "c.sock": 8 * day, "d.lock": 0.5 * day, "e.txt": 30 * day}
+    for name, age in files.items():
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (now - age, now - age))
+    os.symlink(tmp_path / "e.txt", tmp_path / "f.lock")
+    os.utime(tmp_path / "f.lock", (now - 30 * day, now - 30 * day), follow_symlinks=False)
+    assert worker.sweep(tmp_path, now) == 2  # a.lock (over a day), b.log (over a week); a.log is kept a week
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["a.log", "c.lock", "c.log", "c.sock", "d.lock", "e.txt", "f.lock"], left
