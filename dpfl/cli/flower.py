@@ -27,6 +27,29 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
+def round_line(m: dict) -> str:
+    """One deployed round's metrics as a line (the whole record is in the run's metrics.jsonl)."""
+    from dpfl.experiments.report import human_bytes
+
+    parts = [f"round {m.get('round')}: {m.get('answered', 0)}/{m.get('selected', 0)} answered"]
+    if m.get("absent"):
+        parts.append(f"absent {', '.join(map(str, m['absent']))}")
+    if m.get("aborted"):
+        parts.append(f"aborted: {m['aborted']}")
+    if m.get("accuracy") is not None:
+        parts.append(f"accuracy {m['accuracy']:.4f}")
+    if m.get("fed_accuracy") is not None:
+        parts.append(f"site accuracy {m['fed_accuracy']:.4f} over {m.get('fed_examples', 0):,} examples")
+    if m.get("epsilon") is not None:
+        parts.append(f"ε {m['epsilon']:.3f}")
+    if m.get("record_epsilon_max") is not None:
+        parts.append(f"record ε {m['record_epsilon_max']:.3f} (max site)")
+    parts.append(f"upstream/client {human_bytes(m.get('cum_up_bytes_per_client'))}")
+    if m.get("round_seconds") is not None:
+        parts.append(f"{m['round_seconds']:.1f} s")
+    return ", ".join(parts)
+
+
 def _config_text(config: Path, overrides: list[str]) -> str:
     """The config as TOML text, validated, with --set overrides applied."""
     from dpfl.cli.main import _resolve_config
@@ -179,7 +202,7 @@ def local_cmd(
                             node_config=sites, launcher=mode, node_poll=poll, log=console.print)
             work = resume
             for m in res["metrics"]:
-                console.print(m)
+                console.print(round_line(m), highlight=False, soft_wrap=True)
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             if sites:
@@ -193,7 +216,7 @@ def local_cmd(
             res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=mode,
                             node_config=sites, node_poll=poll, log=console.print)
             for m in res["metrics"]:
-                console.print(m)
+                console.print(round_line(m), highlight=False, soft_wrap=True)
     except DpflError as e:
         _fail(e)
     console.print(f"run {res['run_seconds']:.1f} s (startup {res['startup_seconds']:.1f} s); results in "

@@ -41,3 +41,17 @@ def test_the_command_refuses_a_site_the_run_does_not_have_before_starting_anythi
                                    "--site", "0:data-path=x.npz"])
     assert res.exit_code == 2 and "leave out --site" in " ".join(res.output.split())
     assert not Path(work / "federation").exists()
+
+
+def test_a_deployed_round_is_printed_as_one_line():
+    from dpfl.cli.flower import round_line
+
+    m = {"round": 3, "selected": 3, "answered": 2, "absent": [1], "accuracy": 0.81234, "fed_accuracy": 0.8127,
+         "fed_examples": 9999, "epsilon": 1.23456, "cum_up_bytes_per_client": 1526.0, "round_seconds": 4.06,
+         "flower_sa_train_wall_seconds": 0.24}
+    assert round_line(m) == ("round 3: 2/3 answered, absent 1, accuracy 0.8123, site accuracy 0.8127 over 9,999 "
+                             "examples, ε 1.235, upstream/client 1.53 KB, 4.1 s")
+    m = {"round": 4, "selected": 3, "answered": 0, "absent": [0, 1, 2], "aborted": "round 4: no client answered",
+         "cum_up_bytes_per_client": 1526.0, "round_seconds": 1.0}
+    assert round_line(m) == ("round 4: 0/3 answered, absent 0, 1, 2, aborted: round 4: no client answered, "
+                             "upstream/client 1.53 KB, 1.0 s")
