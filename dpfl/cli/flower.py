@@ -23,8 +23,15 @@ def _group() -> None:
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[red]error:[/red] {e}")
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _say(text: str) -> None:
+    """A line as it is: sites' errors and log lines may hold [brackets], which are not markup."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def round_line(m: dict) -> str:
@@ -34,12 +41,16 @@ def round_line(m: dict) -> str:
     parts = [f"round {m.get('round')}: {m.get('answered', 0)}/{m.get('selected', 0)} answered"]
     if m.get("absent"):
         parts.append(f"absent {', '.join(map(str, m['absent']))}")
+    if m.get("rejoined"):
+        parts.append(f"rejoined {', '.join(map(str, m['rejoined']))}")
+    if m.get("diverged"):
+        parts.append(f"{m['diverged']} diverged")
     if m.get("aborted"):
         parts.append(f"aborted: {m['aborted']}")
     if m.get("accuracy") is not None:
         parts.append(f"accuracy {m['accuracy']:.4f}")
     if m.get("fed_accuracy") is not None:
-        parts.append(f"site accuracy {m['fed_accuracy']:.4f} over {m.get('fed_examples', 0):,} examples")
+        parts.append(f"site accuracy {m['fed_accuracy']:.4f} over {m.get('fed_examples') or 0:,} examples")
     if m.get("epsilon") is not None:
         parts.append(f"ε {m['epsilon']:.3f}")
     if m.get("record_epsilon_max") is not None:
@@ -199,24 +210,24 @@ def local_cmd(
                 raise ConfigError("--resume continues a run with its own config and workdir: leave out --config, "
                                   "--set, --workdir and --reproducible")
             res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
-                            node_config=sites, launcher=mode, node_poll=poll, log=console.print)
+                            node_config=sites, launcher=mode, node_poll=poll, log=_say)
             work = resume
             for m in res["metrics"]:
-                console.print(round_line(m), highlight=False, soft_wrap=True)
+                _say(round_line(m))
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             if sites:
                 raise ConfigError("--reproducible compares with the simulator on the built-in dataset: leave out --site")
             res = compare(text, str(work), tls=tls, auth=auth, timeout=timeout, launcher=mode, node_poll=poll,
-                          log=console.print)
+                          log=_say)
             table(res, console)
             console.print(f"final model equals the simulator's: {res['equal']} (max |Δw| = {res['max_abs_diff']:.3g})")
         else:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=mode,
-                            node_config=sites, node_poll=poll, log=console.print)
+                            node_config=sites, node_poll=poll, log=_say)
             for m in res["metrics"]:
-                console.print(round_line(m), highlight=False, soft_wrap=True)
+                _say(round_line(m))
     except DpflError as e:
         _fail(e)
     console.print(f"run {res['run_seconds']:.1f} s (startup {res['startup_seconds']:.1f} s); results in "

@@ -47,38 +47,52 @@ _GIVEN: set[int] = set()  # ports this process handed out (a SuperNode binds its
 
 
 def _ephemeral() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing connections (and of bind to port 0)."""
+    """The kernel's range for the local ports of outgoing connections (and of bind to port 0); where
+    it cannot be read, the widest usual one (Linux 32768-60999, macOS and Windows 49152-65535)."""
     try:
         low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
         return low, high
     except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return 32768, 65535
 
 
 def free_port() -> int:
-    """A port free on 127.0.0.1 now, outside the ephemeral range where one exists: a port from bind to
-    port 0 can be taken, before its component binds it, by any outgoing connection (Flower's HTTP polls
-    open many), and a SuperNode whose Runtime API cannot bind exits with code 1."""
+    """A port free on 127.0.0.1 now, not handed out before by this process, outside the ephemeral
+    range where there is room: a port from bind to port 0 can be taken, before its component binds
+    it, by any outgoing connection (Flower's HTTP polls open many), and a SuperNode whose Runtime API
+    cannot bind exits with code 1."""
     import secrets
 
     low, high = _ephemeral()
     spans = [(r0, r1) for r0, r1 in ((10000, low - 1), (high + 1, 65535)) if r1 - r0 >= 1000]
+    total = sum(r1 - r0 + 1 for r0, r1 in spans)
     for _ in range(200 if spans else 0):
-        r0, r1 = spans[secrets.randbelow(len(spans))]
-        port = r0 + secrets.randbelow(r1 - r0 + 1)
-        if port in _GIVEN:
-            continue
+        port = secrets.randbelow(total)  # uniform over both spans
+        for r0, r1 in spans:
+            if port <= r1 - r0:
+                port += r0
+                break
+            port -= r1 - r0 + 1
+        if port not in _GIVEN and _bindable(port):
+            _GIVEN.add(port)
+            return port
+    for _ in range(200):  # no room outside (or all taken): the kernel's pick
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room outside: the kernel's pick
-        s.bind(("127.0.0.1", 0))
-        _GIVEN.add(s.getsockname()[1])
-        return s.getsockname()[1]
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+    raise FederationError("found no free port on 127.0.0.1")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -409,9 +423,9 @@ class LocalFederation:
         for i, p in sorted(self.nodes.items()):
             if p.pid not in self._started or p.poll() is None:
                 continue
+            last = self._last_line(p)  # before its leftovers, which write to the same log, are stopped
             n = self._end(p)
             left = f"; stopped {n} process{'es' if n > 1 else ''} it left running" if n else ""
-            last = self._last_line(p)
             self.log(f"the SuperNode of client {i} exited with code {p.returncode}{left}"
                      f"{f': {last}' if last else ''} (see {self.dir / 'logs' / f'supernode-{i}.log'})")
 
@@ -424,7 +438,8 @@ class LocalFederation:
                 lines = f.read().decode(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return lines[-1].strip()[:300] if lines else ""
+        lines = [x.strip() for x in lines if x.strip() and not x.startswith("For more information, visit:")]
+        return lines[-1][:300] if lines else ""  # (Flower's exits end with a link to its exit-code page)
 
     def serverapps(self) -> list[int]:
         """The pids of the running ServerApp processes of this federation."""

@@ -161,26 +161,40 @@ def _try_connect(path: Path) -> socket.socket | None:
 
 
 def sweep(d: Path, now: float | None = None) -> int:
-    """Remove the old .lock and .log files of workers that are gone (no socket): one pair per (run,
-    node), and a site serves many runs. Returns how many were removed."""
+    """Remove the old sockets no worker answers on (one killed), then the old .lock and .log files of
+    workers that are gone (no socket): one pair per (run, node), and a site serves many runs.
+    Returns how many files were removed."""
     import stat
 
     now = time.time() if now is None else now
     removed = 0
-    for f in d.iterdir():
-        keep = KEEP_S.get(f.suffix)
-        if keep is None or f.with_suffix(".sock").exists():
-            continue
+    for f in sorted(d.iterdir(), key=lambda f: f.suffix != ".sock"):  # a dead socket first: then its files
         with contextlib.suppress(OSError):
             st = f.lstat()
+            if f.suffix == ".sock":  # of a worker killed before it could remove it: nobody answers
+                if stat.S_ISSOCK(st.st_mode) and now - st.st_mtime > KEEP_S[".lock"] and not _answers(f):
+                    f.unlink()
+                    removed += 1
+                continue
+            keep = KEEP_S.get(f.suffix)
+            if keep is None or f.with_suffix(".sock").exists():
+                continue
             if stat.S_ISREG(st.st_mode) and now - st.st_mtime > keep:
                 f.unlink()
                 removed += 1
     return removed
 
 
+def _answers(path: Path) -> bool:
+    s = _try_connect(path)
+    if s is not None:
+        s.close()
+    return s is not None
+
+
 def _start(path: Path) -> None:
-    sweep(path.parent)
+    with contextlib.suppress(OSError):  # housekeeping: never in the way of a start
+        sweep(path.parent)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket of a worker that is gone
     with open(path.with_suffix(".log"), "ab") as log:

@@ -113,9 +113,11 @@ def test_ports_are_distinct_free_and_outside_the_kernels_range_for_outgoing_conn
     from dpfl.flower.local import _ephemeral, free_port
 
     low, high = _ephemeral()
+    if low - 10000 < 1000 and 65535 - high < 1000:
+        pytest.skip(f"the ephemeral range {low}-{high} leaves no room for other ports")
     ports = [free_port() for _ in range(200)]
     assert len(set(ports)) == len(ports)
-    assert not any(low <= p <= high for p in ports), (low, high)
+    assert not any(low <= p <= high for p in ports) and min(ports) >= 10000, (low, high)  # nor Flower's 8000, 9091-
     for p in ports[:20]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))

@@ -51,7 +51,16 @@ def test_a_deployed_round_is_printed_as_one_line():
          "flower_sa_train_wall_seconds": 0.24}
     assert round_line(m) == ("round 3: 2/3 answered, absent 1, accuracy 0.8123, site accuracy 0.8127 over 9,999 "
                              "examples, ε 1.235, upstream/client 1.53 KB, 4.1 s")
-    m = {"round": 4, "selected": 3, "answered": 0, "absent": [0, 1, 2], "aborted": "round 4: no client answered",
-         "cum_up_bytes_per_client": 1526.0, "round_seconds": 1.0}
-    assert round_line(m) == ("round 4: 0/3 answered, absent 0, 1, 2, aborted: round 4: no client answered, "
-                             "upstream/client 1.53 KB, 1.0 s")
+    m = {"round": 4, "selected": 3, "answered": 0, "absent": [0, 1, 2], "rejoined": [2], "diverged": 1,
+         "aborted": "round 4: no client answered (client 0: ConfigError: set [privacy] or [/x])",
+         "cum_up_bytes_per_client": 1526.0, "record_epsilon_max": 2.5, "round_seconds": 1.0}
+    want = ("round 4: 0/3 answered, absent 0, 1, 2, rejoined 2, 1 diverged, aborted: round 4: no client answered "
+            "(client 0: ConfigError: set [privacy] or [/x]), record ε 2.500 (max site), upstream/client 1.53 KB, 1.0 s")
+    assert round_line(m) == want
+
+
+def test_what_sites_and_logs_say_is_printed_as_it_is(capsys):
+    from dpfl.cli.flower import _say
+
+    _say("client 0: set [privacy] epsilon [/x] [bold]")  # not Rich markup: nothing dropped, no MarkupError
+    assert capsys.readouterr().out == "client 0: set [privacy] epsilon [/x] [bold]\n"

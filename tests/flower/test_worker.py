@@ -8,6 +8,7 @@ import os
 import pickle
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,9 @@ def _messages() -> dict[str, tuple]:
 def test_a_message_in_the_worker_equals_the_message_in_process(sockets):
     require_row_contract()
     seen = _messages()
+    old = worker.socket_dir() / "gone.lock"  # a gone worker's: a new worker's start sweeps it
+    old.write_text("")
+    os.utime(old, (1.0, 1.0))
     after = {}
     for kind in ("query", "train.sa_train", "evaluate"):
         _, content, state, nc, rc = seen[kind]
@@ -53,6 +57,7 @@ def test_a_message_in_the_worker_equals_the_message_in_process(sockets):
             assert got["secagg"] == want["secagg"]
         if kind == "evaluate":
             assert got["reply"] == want["reply"]
+    assert not old.exists()
     _, content, state, nc, rc = seen["train.sa_train"]
     with pytest.raises(ProtocolError, match="this client is after 'masked'"):  # the state came back: phase done
         worker.call("train.sa_train", content, after["train.sa_train"], nc, rc, run_id=7, node_id=100)
@@ -81,3 +86,21 @@ def test_the_old_files_of_gone_workers_are_swept_and_nothing_else(tmp_path):
     assert worker.sweep(tmp_path, now) == 2  # a.lock (over a day), b.log (over a week); a.log is kept a week
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["a.log", "c.lock", "c.log", "c.sock", "d.lock", "e.txt", "f.lock"], left
+
+
+def test_an_old_socket_nobody_answers_on_goes_with_its_files_and_a_served_one_stays(tmp_path):
+    import socket
+
+    now = time.time() + 2 * 86400.0
+    dead, live = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    dead.bind(str(tmp_path / "a.sock"))
+    dead.close()  # a killed worker's: the file stays, nobody listens
+    live.bind(str(tmp_path / "b.sock"))
+    live.listen(1)
+    try:
+        for name in ("a.lock", "b.lock"):
+            (tmp_path / name).write_text("")
+        assert worker.sweep(tmp_path, now) == 2  # a.sock, then a.lock
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["b.lock", "b.sock"]
+    finally:
+        live.close()
