@@ -50,7 +50,7 @@ def round_line(m: dict) -> str:
     if m.get("accuracy") is not None:
         parts.append(f"accuracy {m['accuracy']:.4f}")
     if m.get("fed_accuracy") is not None:
-        parts.append(f"site accuracy {m['fed_accuracy']:.4f} over {m.get('fed_examples') or 0:,} examples")
+        parts.append(f"federated accuracy {m['fed_accuracy']:.4f} over {m.get('fed_examples') or 0:,} examples")
     if m.get("epsilon") is not None:
         parts.append(f"ε {m['epsilon']:.3f}")
     if m.get("record_epsilon_max") is not None:

@@ -49,7 +49,7 @@ def test_a_deployed_round_is_printed_as_one_line():
     m = {"round": 3, "selected": 3, "answered": 2, "absent": [1], "accuracy": 0.81234, "fed_accuracy": 0.8127,
          "fed_examples": 9999, "epsilon": 1.23456, "cum_up_bytes_per_client": 1526.0, "round_seconds": 4.06,
          "flower_sa_train_wall_seconds": 0.24}
-    assert round_line(m) == ("round 3: 2/3 answered, absent 1, accuracy 0.8123, site accuracy 0.8127 over 9,999 "
+    assert round_line(m) == ("round 3: 2/3 answered, absent 1, accuracy 0.8123, federated accuracy 0.8127 over 9,999 "
                              "examples, ε 1.235, upstream/client 1.53 KB, 4.1 s")
     m = {"round": 4, "selected": 3, "answered": 0, "absent": [0, 1, 2], "rejoined": [2], "diverged": 1,
          "aborted": "round 4: no client answered (client 0: ConfigError: set [privacy] or [/x])",
