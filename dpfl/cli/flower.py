@@ -34,33 +34,6 @@ def _say(text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def round_line(m: dict) -> str:
-    """One deployed round's metrics as a line (the whole record is in the run's metrics.jsonl)."""
-    from dpfl.experiments.report import human_bytes
-
-    parts = [f"round {m.get('round')}: {m.get('answered', 0)}/{m.get('selected', 0)} answered"]
-    if m.get("absent"):
-        parts.append(f"absent {', '.join(map(str, m['absent']))}")
-    if m.get("rejoined"):
-        parts.append(f"rejoined {', '.join(map(str, m['rejoined']))}")
-    if m.get("diverged"):
-        parts.append(f"{m['diverged']} diverged")
-    if m.get("aborted"):
-        parts.append(f"aborted: {m['aborted']}")
-    if m.get("accuracy") is not None:
-        parts.append(f"accuracy {m['accuracy']:.4f}")
-    if m.get("fed_accuracy") is not None:
-        parts.append(f"federated accuracy {m['fed_accuracy']:.4f} over {m.get('fed_examples') or 0:,} examples")
-    if m.get("epsilon") is not None:
-        parts.append(f"ε {m['epsilon']:.3f}")
-    if m.get("record_epsilon_max") is not None:
-        parts.append(f"record ε {m['record_epsilon_max']:.3f} (max site)")
-    parts.append(f"upstream/client {human_bytes(m.get('cum_up_bytes_per_client'))}")
-    if m.get("round_seconds") is not None:
-        parts.append(f"{m['round_seconds']:.1f} s")
-    return ", ".join(parts)
-
-
 def _config_text(config: Path, overrides: list[str]) -> str:
     """The config as TOML text, validated, with --set overrides applied."""
     from dpfl.cli.main import _resolve_config
@@ -212,8 +185,6 @@ def local_cmd(
             res = run_local(None, resume, tls=tls, auth=auth, timeout=timeout, resume=True, evaluation=evaluation,
                             node_config=sites, launcher=mode, node_poll=poll, log=_say)
             work = resume
-            for m in res["metrics"]:
-                _say(round_line(m))
         elif reproducible:
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             if sites:
@@ -226,8 +197,6 @@ def local_cmd(
             text, work = _config_text(config, set_ or []), workdir or Path(tempfile.mkdtemp(prefix="dpfl-flower-"))
             res = run_local(text, work, tls=tls, auth=auth, timeout=timeout, evaluation=evaluation, launcher=mode,
                             node_config=sites, node_poll=poll, log=_say)
-            for m in res["metrics"]:
-                _say(round_line(m))
     except DpflError as e:
         _fail(e)
     console.print(f"run {res['run_seconds']:.1f} s (startup {res['startup_seconds']:.1f} s); results in "

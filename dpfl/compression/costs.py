@@ -13,6 +13,18 @@ from dpfl.errors import ConfigError
 
 UNIT_BITS = {"bit": 1, "B": 8, "KB": 8e3, "Mbit": 1e6, "MB": 8e6}
 
+
+def human_bytes(b: float | None) -> str:
+    """1000-based units, as the thesis counts (KB = 1,000 B)."""
+    if b is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(b) < 1000 or unit == "GB":
+            return f"{b:,.0f} {unit}" if unit == "B" else f"{b:,.2f} {unit}"
+        b /= 1000
+    raise AssertionError
+
+
 # scheme -> (downstream values, upstream values); "n" = full model, "K" = ⌊r·n⌋
 _SHAPES = {
     "fl-std": ("n", "n"),

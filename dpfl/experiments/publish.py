@@ -156,7 +156,7 @@ def command(table: str, row: str, acct: str | None, cfg=None) -> str:
 # ---- formatting ----------------------------------------------------------------------------------
 
 def _cost(v: float | None, unit: str) -> str | None:
-    from dpfl.experiments.report import human_bytes
+    from dpfl.compression.costs import human_bytes
     from dpfl.experiments.reproduce import UNITS
 
     if v is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from dpfl.compression.costs import human_bytes
 from dpfl.errors import ConfigError, DataError
 
 
@@ -59,17 +60,6 @@ def best_round(metrics: list[dict], key: str | None = None) -> dict | None:
         if best is None or m[key] > best[key]:
             best = m
     return {**best, "metric": key}
-
-
-def human_bytes(b: float | None) -> str:
-    """1000-based units, as the thesis counts (KB = 1,000 B)."""
-    if b is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(b) < 1000 or unit == "GB":
-            return f"{b:,.0f} {unit}" if unit == "B" else f"{b:,.2f} {unit}"
-        b /= 1000
-    raise AssertionError
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -329,7 +329,8 @@ def compare_rows(thesis: dict, results: list[dict]) -> list[dict]:
 def print_comparison(table: str, thesis: dict, results: list[dict], console: Console,
                      wide: bool = False) -> list[dict]:
     """Print `compare_rows` as a table that fits the terminal (all columns with `wide` or into a file)."""
-    from dpfl.experiments.report import human_bytes, print_fitted
+    from dpfl.compression.costs import human_bytes
+    from dpfl.experiments.report import print_fitted
 
     unit = thesis.get("_table", {}).get("unit", "KB")
     rows = compare_rows(thesis, results)

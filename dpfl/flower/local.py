@@ -31,6 +31,7 @@ from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
 from dpfl.flower import launcher as quick_launch
 from dpfl.flower.forkserver import alive
+from dpfl.flower.progress import Echo
 
 CONNECTION = "dpfl-local"
 # Flower's own settings: no telemetry, no update check, and the SuperExec looks for new tasks every
@@ -616,8 +617,10 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
     t0 = time.perf_counter()
     with fed:
         t1 = time.perf_counter()
-        text = fed.run(app_dir, timeout=timeout, name="resume" if resume else "run")
+        echo = Echo(log)  # each round as it comes
+        text = fed.run(app_dir, timeout=timeout, name="resume" if resume else "run", watch=echo)
         t2 = time.perf_counter()
+    echo(text)  # the last rounds, streamed as the run ended
     summary = raise_if_unfinished(work, text, cfg.federation.rounds)
     metrics = [json.loads(line) for line in (out / METRICS).read_text().splitlines() if line]
     return {"metrics": metrics, "summary": summary,

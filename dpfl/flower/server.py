@@ -33,6 +33,7 @@ from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs
 from dpfl.flower.client import CONFIG_KEY, parse_run_config, run_config_text
 from dpfl.flower.coordinator import EVALUATION, Coordinator, Quorum, Reply, quorum_open
+from dpfl.flower.progress import ROUND, round_line
 from dpfl.flower.wire import content_nbytes
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {CONFIG_KEY: "", "out-dir": "", "reproducible": False, "timeout": 300.0,
@@ -168,7 +169,11 @@ def _main(grid: Grid, context: Context) -> None:
                      timeout=float(s["timeout"]), log=_stamped, resume=s["resume"],
                      evaluation=s["evaluation"], peers=certs.read_peers(s["peers"]) if s["peers"] else None,
                      config_text=run_config_text(s))
-    summary = co.run(on_round=lambda m: print("dpfl-round " + json.dumps(m), flush=True))
+    def on_round(m: dict) -> None:
+        print(ROUND + json.dumps(m), flush=True)
+        _stamped(round_line(m))
+
+    summary = co.run(on_round=on_round)
     print("dpfl-summary " + json.dumps(summary), flush=True)
     if summary["rounds_aborted"] and summary["stopped"] and summary["stopped"].startswith("all "):
         raise SystemExit(f"dpfl-error: {summary['stopped']}")

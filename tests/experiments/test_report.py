@@ -5,8 +5,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dpfl.compression.costs import human_bytes
 from dpfl.config import dump_config, load_config
-from dpfl.experiments.report import human_bytes, plot_curves, pyplot, report_runs, run_labels
+from dpfl.experiments.report import plot_curves, pyplot, report_runs, run_labels
 from dpfl.experiments.reproduce import configs_root, reproduce_table
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -44,7 +44,7 @@ def test_the_command_refuses_a_site_the_run_does_not_have_before_starting_anythi
 
 
 def test_a_deployed_round_is_printed_as_one_line():
-    from dpfl.cli.flower import round_line
+    from dpfl.flower.progress import round_line
 
     m = {"round": 3, "selected": 3, "answered": 2, "absent": [1], "accuracy": 0.81234, "fed_accuracy": 0.8127,
          "fed_examples": 9999, "epsilon": 1.23456, "cum_up_bytes_per_client": 1526.0, "round_seconds": 4.06,
@@ -64,3 +64,17 @@ def test_what_sites_and_logs_say_is_printed_as_it_is(capsys):
 
     _say("client 0: set [privacy] epsilon [/x] [bold]")  # not Rich markup: nothing dropped, no MarkupError
     assert capsys.readouterr().out == "client 0: set [privacy] epsilon [/x] [bold]\n"
+
+
+def test_rounds_are_echoed_once_as_their_lines_arrive_and_a_line_in_writing_waits():
+    from dpfl.flower.progress import Echo
+
+    said: list[str] = []
+    echo = Echo(said.append)
+    text = "INFO : starting\ndpfl-round {\"round\": 1, \"selected\": 3, \"answered\": 3}\ndpfl-round {\"round\": 2"
+    echo(text)
+    assert said == ["round 1: 3/3 answered, upstream/client -"]
+    text += ', "selected": 3, "answered": 2, "absent": [1]}\ndpfl-round not json\nround 9 in prose\n'
+    echo(text)
+    echo(text)
+    assert said[1:] == ["round 2: 2/3 answered, absent 1, upstream/client -"]
