@@ -118,7 +118,7 @@ def run_bench(config_text: str, workdir: str | None = None, tls: bool = True, ev
     node_poll: the SuperNodes' idle poll in s (dpfl-supernode), None: Flower's flower-supernode (3 s)."""
     console = console or Console(width=160)
     res = compare(config_text, workdir, tls=tls, evaluation=evaluation, launcher=launcher, node_poll=node_poll,
-                  log=console.print)
+                  log=lambda s: console.print(s, markup=False, highlight=False, soft_wrap=True))  # sites' words
     res["launcher"] = launcher = launcher_of(launcher, node_poll)
     res["node_poll"] = node_poll
     table(res, console)

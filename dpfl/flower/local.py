@@ -620,7 +620,7 @@ def run_local(config_text: str | None, workdir: str | Path, *, tls: bool = True,
         echo = Echo(log)  # each round as it comes
         text = fed.run(app_dir, timeout=timeout, name="resume" if resume else "run", watch=echo)
         t2 = time.perf_counter()
-    echo(text)  # the last rounds, streamed as the run ended
+        echo(text)  # the last rounds, streamed as the run ended
     summary = raise_if_unfinished(work, text, cfg.federation.rounds)
     metrics = [json.loads(line) for line in (out / METRICS).read_text().splitlines() if line]
     return {"metrics": metrics, "summary": summary,

@@ -51,13 +51,23 @@ def rounds_in(text: str) -> list[dict[str, Any]]:
 
 
 class Echo:
-    """`watch` for a run: says each round, once, as its line arrives in the stream."""
+    """`watch` for a run: says each round once, as its line arrives in the stream. Display only: if
+    saying fails (a closed pipe), it stops saying and the run goes on."""
 
     def __init__(self, say: Callable[[str], None]):
-        self.say, self.seen = say, 0
+        self.say: Callable[[str], None] | None = say
+        self.at, self.said = 0, set()
 
     def __call__(self, text: str) -> None:
-        rounds = rounds_in(text)
-        for m in rounds[self.seen:]:
-            self.say(round_line(m))
-        self.seen = max(self.seen, len(rounds))
+        end = text.rfind("\n", self.at) + 1  # only whole lines, each read once
+        if end <= self.at:
+            return
+        for m in rounds_in(text[self.at:end]):
+            if m.get("round") in self.said or self.say is None:
+                continue
+            self.said.add(m.get("round"))
+            try:
+                self.say(round_line(m))
+            except Exception:  # noqa: BLE001
+                self.say = None
+        self.at = end

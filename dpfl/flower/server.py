@@ -171,7 +171,10 @@ def _main(grid: Grid, context: Context) -> None:
                      config_text=run_config_text(s))
     def on_round(m: dict) -> None:
         print(ROUND + json.dumps(m), flush=True)
-        _stamped(round_line(m))
+        try:
+            _stamped(round_line(m))
+        except Exception as e:  # noqa: BLE001  (a line to read never ends a run)
+            _stamped(f"round {m.get('round')}: (its line could not be written: {e})")
 
     summary = co.run(on_round=on_round)
     print("dpfl-summary " + json.dumps(summary), flush=True)

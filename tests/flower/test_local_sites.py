@@ -78,3 +78,20 @@ def test_rounds_are_echoed_once_as_their_lines_arrive_and_a_line_in_writing_wait
     echo(text)
     echo(text)
     assert said[1:] == ["round 2: 2/3 answered, absent 1, upstream/client -"]
+
+
+def test_a_round_said_again_or_a_failing_say_does_not_stop_the_echo_or_the_run():
+    from dpfl.flower.progress import Echo
+
+    said: list[str] = []
+    echo = Echo(said.append)
+    line = 'dpfl-round {"round": 1, "selected": 1, "answered": 1}\n'
+    echo(line + line)
+    assert len(said) == 1
+
+    def broken(_: str) -> None:
+        raise BrokenPipeError
+
+    echo = Echo(broken)
+    echo(line)  # no error: display only
+    echo(line + line.replace('"round": 1', '"round": 2'))
