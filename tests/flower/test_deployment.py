@@ -117,11 +117,11 @@ def test_three_sites_survive_a_killed_site_and_it_rejoins(tmp_path):
     training message (tolerate = 1): the run completes with the other two, ε is charged as in the
     simulator, and the site, restarted at once, answers again (greeted before a round whose keys
     were shared without it, it sits that one out). Its restart is refused until the SuperLink counts
-    the killed node offline (Flower: 2 heartbeat intervals of 30 s after its last heartbeat, so 36-60 s
-    after the kill; `start_node` starts it again until it is activated); 10 rounds leave it time to
-    come back and answer in a later one. Whether its
-    round-2 masked input got out before the kill is a race: either it is in round 2's sum (then it
-    is absent from round 3) or not."""
+    the killed node offline (Flower: 2 heartbeat intervals after its last heartbeat; dpfl-supernode
+    declares 10 s, so up to 20 s after the kill; `start_node` starts it again until it is activated);
+    10 rounds leave it time to come back and answer in a later one. Whether its round-2 masked input
+    got out before the kill is a race: either it is in round 2's sum (then it is absent from round 3)
+    or not."""
     require_row_contract()
     data = config(TOLERANT, federation={"rounds": 10, "clients_per_round": 3})
     app = write_app(tmp_path / "app", tomli_w.dumps(data), out_dir=str(tmp_path / "out"), reproducible=True,

@@ -156,6 +156,8 @@ except SystemExit as e:
 loop.time.sleep(3); loop.time.sleep(0.5); loop.time.sleep(1.25)
 print("SLEEPS", calls)
 print("CLOCK", loop.time.monotonic is time.monotonic)
+import flwr.common.constant as c, flwr.supercore.heartbeat as hb, flwr.supernode.fleet_http_connection as fleet
+print("HEARTBEAT", fleet.HEARTBEAT_DEFAULT_INTERVAL, hb.HEARTBEAT_DEFAULT_INTERVAL, c.HEARTBEAT_DEFAULT_INTERVAL)
 """
 
 
@@ -172,6 +174,8 @@ def test_the_supernode_script_is_flowers_with_the_idle_poll_shortened(tmp_path):
     assert "EXIT 0" in res.stdout
     # the loop's 3 s idle wait becomes 0.25 s, its 0.5 s reply checks 0.05 s; any other wait and clock is kept
     assert "SLEEPS [0.25, 0.05, 1.25]" in res.stdout and "CLOCK True" in res.stdout
+    # the node declares (and beats for) Flower's minimum interval, 10 s; Flower's constant (app tokens) kept
+    assert "HEARTBEAT 10 10 30" in res.stdout
     ran = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == 0 and ran.stdout.startswith("usage: dpfl-supernode")
 
@@ -185,6 +189,14 @@ def test_a_flower_whose_loop_differs_is_refused_in_one_line(tmp_path):
     assert "is not the one this script changes; start flower-supernode instead" in out
     assert "usage:" not in out and "EXIT 0" not in out  # Flower not run
     assert "SLEEPS [3, 0.5, 1.25]" in out  # and its loop left as it is
+
+
+def test_a_flower_whose_heartbeat_differs_is_refused_in_one_line(tmp_path):
+    path = launcher.write_supernode(tmp_path / "bin", 0.25)
+    res = _probe(path, setup="import flwr.supercore.heartbeat as hb; hb.HEARTBEAT_DEFAULT_INTERVAL = 60")
+    out = res.stdout + res.stderr
+    assert "the heartbeat of Flower" in out and "start flower-supernode instead" in out
+    assert "usage:" not in out and "HEARTBEAT 30 60 30" in out  # Flower not run, nothing changed
 
 
 @pytest.mark.parametrize("poll", [0.0, 0.01, 3.0, 5.0, float("nan"), -1.0])
