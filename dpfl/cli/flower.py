@@ -128,15 +128,21 @@ def launcher_cmd(
                                                          "(Flower: 3 s; at least 0.05)")] = None,
     fork: Annotated[bool | None, typer.Option(help="with --node-poll: dpfl-supernode starts dpfl's fork server, "
                                                    "whose forks run the SuperNode's ClientApps (default: on)")] = None,
+    node_heartbeat: Annotated[float | None, typer.Option(help="with --node-poll: the heartbeat interval "
+                                                             "dpfl-supernode declares, 10 to 1800 s (Flower: 30); "
+                                                             "the SuperLink counts a silent site offline after "
+                                                             "2 intervals")] = None,
 ) -> None:
     """A quicker flwr-clientapp for a site's SuperNode: start it with this directory first on PATH."""
     from dpfl.flower import launcher
 
     try:
-        if fork is not None and node_poll is None:
-            raise ConfigError("--fork/--no-fork applies to dpfl-supernode: give --node-poll too")
+        if (fork is not None or node_heartbeat is not None) and node_poll is None:
+            raise ConfigError("--fork/--no-fork and --node-heartbeat apply to dpfl-supernode: give --node-poll too")
         f, node = ((launcher.write(out_dir), None) if node_poll is None
-                   else launcher.write_both(out_dir, node_poll, fork=fork is not False))
+                   else launcher.write_both(out_dir, node_poll, fork=fork is not False,
+                                            heartbeat=launcher.FLOWER_HEARTBEAT if node_heartbeat is None
+                                            else node_heartbeat))
     except (DpflError, OSError) as e:
         _fail(e)
     start = "flower-supernode" if node is None else str(node)

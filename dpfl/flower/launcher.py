@@ -15,7 +15,8 @@ ClientApp's reply every 0.05 s instead of 0.5 s. Flower has no setting for eithe
 constants in `flwr/supernode/start_client_internal.py`, which the script changes for its own
 process only, after checking that the file holds them as it expects (else it refuses in one line).
 A poll of 3 s makes no change: use `flower-supernode`. Each pull is one request to the SuperLink:
-fine for a few sites, not for thousands.
+fine for a few sites, not for thousands. `heartbeat` changes the interval the node declares in its
+heartbeats (Flower: 30 s; the SuperLink counts it offline after two), checked the same way.
 """
 
 from __future__ import annotations
@@ -154,13 +155,16 @@ sys.exit(code)
 SUPERNODE = "dpfl-supernode"
 FLOWER_POLL = 3.0  # Flower's SuperNode: idle seconds between pulls (start_client_internal.py)
 POLL_RANGE = (0.05, 3.0)
+FLOWER_HEARTBEAT = 30.0  # the heartbeat interval Flower's SuperNode declares (HEARTBEAT_DEFAULT_INTERVAL)
+HEARTBEAT_RANGE = (10.0, 1800.0)  # the SuperLink's bounds (HEARTBEAT_MIN_INTERVAL, HEARTBEAT_MAX_INTERVAL)
+LOCAL_HEARTBEAT = 10.0  # a local federation's: a killed site is offline 20 s after its last heartbeat
 LOCAL_POLL = 0.5  # a local federation's SuperNodes (loopback, a few sites): `dpfl flower local`, `dpfl bench flower`
 
 SUPERNODE_SCRIPT = '''#!{python}
 {mark}: Flower's own `flower-supernode`, idle {poll} s between its pulls from
 # the SuperLink (Flower: 3 s), checking for a ClientApp's reply every 0.05 s (Flower: 0.5 s) and
-# declaring a 10 s heartbeat interval (Flower: 30 s); with dpfl's fork server for its ClientApps where
-# FORK_SERVER names it (dpfl/flower/forkserver.py)
+# declaring a {heartbeat} s heartbeat interval (Flower: 30 s); with dpfl's fork server for its
+# ClientApps where FORK_SERVER names it (dpfl/flower/forkserver.py)
 import os
 import socket
 import stat
@@ -193,19 +197,24 @@ class _Time:
 
 loop.time = _Time()
 
-# the heartbeat interval this SuperNode declares: Flower's minimum, 10 s (Flower's own: 30 s), so that
-# the SuperLink counts it offline 2 intervals after its last heartbeat (20 s, not 60 s) and a site
-# restarted after a crash is let in again sooner; heartbeats then go every (10 - 5) * 0.8 = 4 s
-import flwr.common.constant as constant  # noqa: E402
-import flwr.supercore.heartbeat as heartbeat  # noqa: E402
-import flwr.supernode.fleet_http_connection as fleet  # noqa: E402
+# the heartbeat interval this SuperNode declares (Flower: 30 s): the SuperLink counts it offline 2
+# intervals after its last heartbeat, and heartbeats go every (interval - 5 s) * 0.8
+HEARTBEAT = {heartbeat!r}
+if HEARTBEAT != 30:
+    import flwr.common.constant as constant
+    import flwr.supercore.heartbeat as heartbeat
+    import flwr.supernode.fleet_http_connection as fleet
 
-HEARTBEAT = constant.HEARTBEAT_MIN_INTERVAL
-if not (fleet.HEARTBEAT_DEFAULT_INTERVAL == heartbeat.HEARTBEAT_DEFAULT_INTERVAL == 30
-        and heartbeat.HEARTBEAT_CALL_TIMEOUT < HEARTBEAT <= 30):
-    sys.exit(f"dpfl-supernode: the heartbeat of Flower {{flwr.__version__}} is not the one this script shortens; "
-             "start flower-supernode instead")
-fleet.HEARTBEAT_DEFAULT_INTERVAL = heartbeat.HEARTBEAT_DEFAULT_INTERVAL = HEARTBEAT
+    with open(heartbeat.__file__, encoding="utf-8") as f:
+        beat = f.read().count("HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT")
+    with open(fleet.__file__, encoding="utf-8") as f:
+        said = f.read().count("heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL")
+    if not (beat == 1 and said == 2 and fleet.HEARTBEAT_DEFAULT_INTERVAL == heartbeat.HEARTBEAT_DEFAULT_INTERVAL == 30
+            and max(constant.HEARTBEAT_MIN_INTERVAL, heartbeat.HEARTBEAT_CALL_TIMEOUT) <= HEARTBEAT
+            and HEARTBEAT <= constant.HEARTBEAT_MAX_INTERVAL):
+        sys.exit(f"dpfl-supernode: the heartbeat of Flower {{flwr.__version__}} is not the one this script "
+                 "changes; start flower-supernode instead")
+    fleet.HEARTBEAT_DEFAULT_INTERVAL = heartbeat.HEARTBEAT_DEFAULT_INTERVAL = HEARTBEAT
 
 FORK_SERVER = {server!r}  # dpfl's fork server for this SuperNode's ClientApps (None: none)
 
@@ -395,21 +404,34 @@ def node_poll_of(seconds: float) -> float | None:
     return None if seconds == FLOWER_POLL else check_poll(seconds)
 
 
-def write_both(directory: str | Path, poll: float, fork: bool = True) -> tuple[Path, Path]:
+def check_heartbeat(seconds: float) -> float:
+    """A SuperNode's heartbeat interval within the SuperLink's bounds."""
+    lo, hi = HEARTBEAT_RANGE
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not lo <= seconds <= hi:
+        raise ConfigError(f"a SuperNode's heartbeat interval must be {lo:g} to {hi:g} s (the SuperLink's bounds; "
+                          f"Flower's: {FLOWER_HEARTBEAT:g} s), got {seconds!r}")
+    return float(seconds)
+
+
+def write_both(directory: str | Path, poll: float, fork: bool = True,
+               heartbeat: float = FLOWER_HEARTBEAT) -> tuple[Path, Path]:
     """`write` and `write_supernode`, each file checked before either is written."""
-    poll = check_poll(poll)
+    poll, heartbeat = check_poll(poll), check_heartbeat(heartbeat)
     d = _own_dir(directory)
     for name in (NAME, SUPERNODE):
         _refuse_foreign(d / name)
-    return write(d), write_supernode(d, poll, fork)
+    return write(d), write_supernode(d, poll, fork, heartbeat)
 
 
-def write_supernode(directory: str | Path, poll: float, fork: bool = True) -> Path:
-    """Write `directory/dpfl-supernode`: `flower-supernode` idle `poll` s between pulls, which starts
-    dpfl's fork server for its ClientApps if `fork` (same directory rules as `write`). Returns the file."""
-    poll = check_poll(poll)
+def write_supernode(directory: str | Path, poll: float, fork: bool = True,
+                    heartbeat: float = FLOWER_HEARTBEAT) -> Path:
+    """Write `directory/dpfl-supernode`: `flower-supernode` idle `poll` s between pulls, declaring a
+    `heartbeat` s heartbeat interval, which starts dpfl's fork server for its ClientApps if `fork`
+    (same directory rules as `write`). Returns the file."""
+    poll, heartbeat = check_poll(poll), check_heartbeat(heartbeat)
     server = str(FORK_SERVER) if fork else None
-    text = SUPERNODE_SCRIPT.format(python=sys.executable, mark=MARK, poll=poll, server=server, env=FORK_ENV)
+    text = SUPERNODE_SCRIPT.format(python=sys.executable, mark=MARK, poll=poll, server=server, env=FORK_ENV,
+                                   heartbeat=int(heartbeat) if heartbeat.is_integer() else heartbeat)
     return _put(_own_dir(directory), SUPERNODE, text)
 
 

@@ -334,11 +334,7 @@ class LocalFederation:
         raise FederationError(f"the SuperLink did not answer /health within {timeout:.0f} s")
 
     def start(self, timeout: float = 60.0) -> LocalFederation:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if self.launcher != "flower":
-            quick_launch.write(self.dir / "bin")
-        if self.node_poll is not None:
-            quick_launch.write_supernode(self.dir / "bin", self.node_poll, fork=self.launcher == "fork")
+        self.write_bin()
         if self.tls:
             certs.make_tls(self.certs_dir)
         if self.auth:
@@ -361,6 +357,16 @@ class LocalFederation:
         self.log(f"federation up: SuperLink 127.0.0.1:{self.port} ({'TLS' if self.tls else 'insecure'}"
                  f"{', node auth' if self.auth else ''}), {self.n} SuperNodes; logs in {self.dir / 'logs'}")
         return self
+
+    def write_bin(self) -> None:
+        """dpfl's flwr-clientapp and dpfl-supernode (a 10 s heartbeat: a killed site is offline 20 s
+        after its last one) in bin/, as this federation runs them."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.launcher != "flower":
+            quick_launch.write(self.dir / "bin")
+        if self.node_poll is not None:
+            quick_launch.write_supernode(self.dir / "bin", self.node_poll, fork=self.launcher == "fork",
+                                         heartbeat=quick_launch.LOCAL_HEARTBEAT)
 
     def start_node(self, i: int, wait: bool = True, deadline: float = 180.0) -> None:
         """Start client i's SuperNode (again, after `kill_node`: with the same key, an empty state).

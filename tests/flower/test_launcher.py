@@ -174,8 +174,10 @@ def test_the_supernode_script_is_flowers_with_the_idle_poll_shortened(tmp_path):
     assert "EXIT 0" in res.stdout
     # the loop's 3 s idle wait becomes 0.25 s, its 0.5 s reply checks 0.05 s; any other wait and clock is kept
     assert "SLEEPS [0.25, 0.05, 1.25]" in res.stdout and "CLOCK True" in res.stdout
-    # the node declares (and beats for) Flower's minimum interval, 10 s; Flower's constant (app tokens) kept
-    assert "HEARTBEAT 10 10 30" in res.stdout
+    assert "HEARTBEAT 30 30 30" in res.stdout  # by default Flower's heartbeat, untouched
+    res = _probe(launcher.write_supernode(tmp_path / "quick", 0.25, heartbeat=10))
+    # the node declares (and beats for) a 10 s interval; Flower's constant (the app tokens' window) is kept
+    assert "EXIT 0" in res.stdout and "HEARTBEAT 10 10 30" in res.stdout
     ran = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == 0 and ran.stdout.startswith("usage: dpfl-supernode")
 
@@ -192,11 +194,28 @@ def test_a_flower_whose_loop_differs_is_refused_in_one_line(tmp_path):
 
 
 def test_a_flower_whose_heartbeat_differs_is_refused_in_one_line(tmp_path):
-    path = launcher.write_supernode(tmp_path / "bin", 0.25)
-    res = _probe(path, setup="import flwr.supercore.heartbeat as hb; hb.HEARTBEAT_DEFAULT_INTERVAL = 60")
+    setup = "import flwr.supercore.heartbeat as hb; hb.HEARTBEAT_DEFAULT_INTERVAL = 60"
+    res = _probe(launcher.write_supernode(tmp_path / "bin", 0.25, heartbeat=10), setup=setup)
     out = res.stdout + res.stderr
     assert "the heartbeat of Flower" in out and "start flower-supernode instead" in out
     assert "usage:" not in out and "HEARTBEAT 30 60 30" in out  # Flower not run, nothing changed
+    res = _probe(launcher.write_supernode(tmp_path / "own", 0.25), setup=setup)  # Flower's interval: not changed
+    assert "EXIT 0" in res.stdout and "HEARTBEAT 30 60 30" in res.stdout
+
+
+@pytest.mark.parametrize("seconds", [9.9, 1800.5, float("nan"), True, "10"])
+def test_a_heartbeat_outside_the_superlinks_bounds_is_refused(tmp_path, seconds):
+    with pytest.raises(ConfigError, match="heartbeat interval must be 10 to 1800 s"):
+        launcher.write_supernode(tmp_path / "bin", 0.5, heartbeat=seconds)
+    assert not (tmp_path / "bin").exists()
+    res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "c"), "--node-heartbeat", "10"])
+    assert res.exit_code == 2 and "give --node-poll too" in res.output and not (tmp_path / "c").exists()
+    res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "c"), "--node-poll", "0.5",
+                                   "--node-heartbeat", "5"])
+    assert res.exit_code == 2 and "heartbeat interval must be 10 to 1800 s" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "c"), "--node-poll", "0.5",
+                                   "--node-heartbeat", "60"])
+    assert res.exit_code == 0 and "HEARTBEAT = 60\n" in (tmp_path / "c" / launcher.SUPERNODE).read_text()
 
 
 @pytest.mark.parametrize("poll", [0.0, 0.01, 3.0, 5.0, float("nan"), -1.0])
@@ -207,8 +226,11 @@ def test_a_poll_outside_its_range_is_refused(tmp_path, poll):
 
 
 def test_a_local_federation_runs_its_supernodes_with_the_poll_or_flowers_own(tmp_path):
-    fed = LocalFederation(tmp_path / "fed", 1)  # the default: dpfl-supernode, 0.5 s
+    fed = LocalFederation(tmp_path / "fed", 1)  # the default: dpfl-supernode, 0.5 s, a 10 s heartbeat
     assert fed.supernode_command(0, 9094)[0] == str((tmp_path / "fed" / "bin" / "dpfl-supernode").resolve())
+    fed.write_bin()
+    text = (tmp_path / "fed" / "bin" / "dpfl-supernode").read_text()
+    assert "POLL = 0.5\n" in text and "HEARTBEAT = 10\n" in text and launcher.LOCAL_HEARTBEAT == 10
     assert fed.node_poll == launcher.LOCAL_POLL == 0.5
     own = LocalFederation(tmp_path / "fed2", 1, node_poll=None)
     assert own.supernode_command(0, 9094)[0] == "flower-supernode"
@@ -253,7 +275,7 @@ def test_dpfl_supernode_starts_the_fork_server_unless_told_not_to(tmp_path):
     res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "c"), "--node-poll", "0.5", "--no-fork"])
     assert res.exit_code == 0 and "FORK_SERVER = None" in (tmp_path / "c" / launcher.SUPERNODE).read_text()
     res = CliRunner().invoke(app, ["flower", "launcher", str(tmp_path / "d"), "--fork"])
-    assert res.exit_code == 2 and "--fork/--no-fork applies to dpfl-supernode: give --node-poll too" in res.output
+    assert res.exit_code == 2 and "--fork/--no-fork and --node-heartbeat apply to dpfl-supernode: give --node-poll too" in res.output
     assert not (tmp_path / "d").exists()
 
 
