@@ -200,10 +200,63 @@ loop.time = _Time()
 # the heartbeat interval this SuperNode declares (Flower: 30 s): the SuperLink counts it offline 2
 # intervals after its last heartbeat, and heartbeats go every (interval - 5 s) * 0.8
 HEARTBEAT = {heartbeat!r}
+import signal  # noqa: E402
+
+import httpx  # noqa: E402
+import flwr.supercore.heartbeat as heartbeat  # noqa: E402
+import flwr.supernode.fleet_http_connection as fleet  # noqa: E402
+
+with open(fleet.__file__, encoding="utf-8") as f:
+    sender = f.read().count("HeartbeatSender(send_node_heartbeat)")
+if sender != 1 or fleet.HeartbeatSender is not heartbeat.HeartbeatSender or not hasattr(heartbeat.HeartbeatSender,
+                                                                                        "_heartbeat"):
+    sys.exit(f"dpfl-supernode: the node heartbeat of Flower {{flwr.__version__}} is not the one this script "
+             "changes; start flower-supernode instead")
+
+
+class _Heartbeat(heartbeat.HeartbeatSender):
+    """Flower's node heartbeat, whose thread would end on an error it does not expect (an HTTP 500 from
+    the SuperLink or a proxy, say) and leave the running site counted offline for good: a 5xx is
+    retried with Flower's backoff, as Flower retries 502-504; any other error ends this SuperNode, as
+    Flower's own 401 does, so that its service manager starts it again."""
+
+    failing = False
+
+    def _heartbeat(self):
+        try:
+            super()._heartbeat()
+        except heartbeat.HeartbeatFailure:
+            raise
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code == 401:  # Flower has ended this SuperNode
+                raise heartbeat.HeartbeatFailure from e
+            if e.response.status_code < 500:
+                self._end(e)
+            if not self.failing:
+                print(f"dpfl-supernode: the SuperLink answered a heartbeat with HTTP {{e.response.status_code}}; "
+                      "retrying", file=sys.stderr, flush=True)
+            self.failing = True
+            raise heartbeat.HeartbeatFailure from e
+        except Exception as e:  # noqa: BLE001
+            self._end(e)
+        if self.failing:
+            print("dpfl-supernode: heartbeats answered again", file=sys.stderr, flush=True)
+        self.failing = False
+
+    ending = False
+
+    def _end(self, e):
+        if not self.ending:  # once: a second SIGINT would cut Flower's graceful exit short
+            print(f"dpfl-supernode: a heartbeat failed ({{type(e).__name__}}: {{e}}); ending this SuperNode",
+                  file=sys.stderr, flush=True)
+            self.ending = True
+            os.kill(os.getpid(), signal.SIGINT)
+        raise heartbeat.HeartbeatFailure from e  # retried until the SuperNode, leaving, stops this thread
+
+
+fleet.HeartbeatSender = _Heartbeat
 if HEARTBEAT != 30:
     import flwr.common.constant as constant
-    import flwr.supercore.heartbeat as heartbeat
-    import flwr.supernode.fleet_http_connection as fleet
 
     with open(heartbeat.__file__, encoding="utf-8") as f:
         beat = f.read().count("HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT")

@@ -203,6 +203,71 @@ def test_a_flower_whose_heartbeat_differs_is_refused_in_one_line(tmp_path):
     assert "EXIT 0" in res.stdout and "HEARTBEAT 30 60 30" in res.stdout
 
 
+BEAT_PROBE = """
+import runpy, signal, sys, time
+import httpx
+sys.argv = ["dpfl-supernode", "--help"]
+try:
+    runpy.run_path({path!r}, run_name="__main__")
+except SystemExit as e:
+    print("EXIT", repr(e.code))
+import flwr.supercore.heartbeat as hb, flwr.supernode.fleet_http_connection as fleet
+hb.HEARTBEAT_DEFAULT_INTERVAL = 5.5  # a beat every 0.4 s or so, not to wait here
+signals = []
+signal.signal(signal.SIGINT, lambda *_: signals.append("SIGINT"))
+
+def status(code):
+    req = httpx.Request("POST", "https://superlink/send-node-heartbeat")
+    return httpx.HTTPStatusError(f"HTTP {{code}}", request=req, response=httpx.Response(code, request=req))
+
+answers = [status(500), status(500), True, True, status(404), status(404), RuntimeError("not recognised")]
+calls = []
+
+def beat():
+    a = answers[min(len(calls), len(answers) - 1)]
+    calls.append(a)
+    if isinstance(a, Exception):
+        raise a
+    return a
+
+sender = fleet.HeartbeatSender(beat)
+sender.start()
+end = time.monotonic() + 60
+while len(calls) < len(answers) + 1 and time.monotonic() < end:
+    time.sleep(0.05)
+print("CALLS", len(calls), "ALIVE", sender._thread.is_alive(), "SIGNALS", signals)
+if sender._thread.is_alive():
+    sender.stop()
+"""
+
+
+def test_the_supernodes_heartbeat_survives_a_server_error_and_ends_the_node_on_any_other(tmp_path):
+    """Flower's node heartbeat thread ends on an HTTP 500 (and on any error but 502-504), leaving a
+    running site offline for good: dpfl-supernode retries a 5xx and ends the SuperNode (SIGINT, once)
+    on anything else, so that it is started again."""
+    path = launcher.write_supernode(tmp_path / "bin", 0.25)
+    res = subprocess.run([sys.executable, "-c", BEAT_PROBE.format(path=str(path))], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert "EXIT 0" in res.stdout, res.stdout + res.stderr
+    # two 500s retried, two beats, then a 404: one SIGINT, the thread still beating until the node leaves
+    assert "CALLS 8 ALIVE True SIGNALS ['SIGINT']" in res.stdout, res.stdout + res.stderr
+    err = res.stderr
+    assert err.count("the SuperLink answered a heartbeat with HTTP 500; retrying") == 1
+    assert err.count("heartbeats answered again") == 1
+    assert err.count("a heartbeat failed (HTTPStatusError: HTTP 404); ending this SuperNode") == 1
+    assert "Traceback" not in err
+
+
+def test_a_flower_whose_node_heartbeat_differs_is_refused_in_one_line(tmp_path):
+    other = tmp_path / "fleet_http_connection.py"
+    other.write_text("def http_request_response():\n    beat = Beat(send_heartbeat)\n")
+    setup = f"import flwr.supernode.fleet_http_connection as fleet; fleet.__file__ = {str(other)!r}"
+    res = _probe(launcher.write_supernode(tmp_path / "bin", 0.25), setup=setup)
+    out = res.stdout + res.stderr
+    assert "the node heartbeat of Flower" in out and "start flower-supernode instead" in out
+    assert "usage:" not in out and "EXIT 0" not in out
+
+
 @pytest.mark.parametrize("seconds", [9.9, 1800.5, float("nan"), True, "10"])
 def test_a_heartbeat_outside_the_superlinks_bounds_is_refused(tmp_path, seconds):
     with pytest.raises(ConfigError, match="heartbeat interval must be 10 to 1800 s"):
