@@ -200,25 +200,42 @@ loop.time = _Time()
 # the heartbeat interval this SuperNode declares (Flower: 30 s): the SuperLink counts it offline 2
 # intervals after its last heartbeat, and heartbeats go every (interval - 5 s) * 0.8
 HEARTBEAT = {heartbeat!r}
-import signal  # noqa: E402
-
+# Flower's SuperNode gives up on an HTTP 500 (or 408, 429) from the SuperLink, a locked database or a
+# proxy's: its loop ends, the node is deactivated, and the process stays up on its Runtime API thread,
+# out of the federation for good; its heartbeat thread ends on such an answer too. Here the SuperLink's
+# requests retry them as Flower retries 502-504, the heartbeat retries every error but a 401 (on which
+# Flower ends the SuperNode), and a loop that ends all the same ends the process (code 75, below)
 import httpx  # noqa: E402
 import flwr.supercore.heartbeat as heartbeat  # noqa: E402
+import flwr.supercore.retry.http_retry as http_retry  # noqa: E402
 import flwr.supernode.fleet_http_connection as fleet  # noqa: E402
 
 with open(fleet.__file__, encoding="utf-8") as f:
-    sender = f.read().count("HeartbeatSender(send_node_heartbeat)")
-if sender != 1 or fleet.HeartbeatSender is not heartbeat.HeartbeatSender or not hasattr(heartbeat.HeartbeatSender,
-                                                                                        "_heartbeat"):
-    sys.exit(f"dpfl-supernode: the node heartbeat of Flower {{flwr.__version__}} is not the one this script "
+    text = f.read()
+with open(heartbeat.__file__, encoding="utf-8") as f:
+    beats = f.read()
+with open(http_retry.__file__, encoding="utf-8") as f:
+    retries = f.read()
+if not (text.count("HeartbeatSender(send_node_heartbeat)") == 1 and text.count("os.kill(os.getpid(), signal.SIGINT)") == 1
+        and beats.count("self._retry_invoker.invoke(self._heartbeat)") == 1
+        and beats.count("HeartbeatFailure,  # The only exception we want to retry on") == 1
+        and retries.count("return status_code not in _RETRYABLE_STATUS_CODES") == 1
+        and fleet.HeartbeatSender is heartbeat.HeartbeatSender
+        and http_retry._RETRYABLE_STATUS_CODES == {{502, 503, 504}}):
+    sys.exit(f"dpfl-supernode: the retries of Flower {{flwr.__version__}} are not the ones this script "
              "changes; start flower-supernode instead")
+http_retry._RETRYABLE_STATUS_CODES = frozenset({{408, 429, 500, 502, 503, 504}})
+
+
+def _say(line):
+    try:
+        print(f"dpfl-supernode: {{line}}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 (a closed stderr: nothing to say it on)
+        pass
 
 
 class _Heartbeat(heartbeat.HeartbeatSender):
-    """Flower's node heartbeat, whose thread would end on an error it does not expect (an HTTP 500 from
-    the SuperLink or a proxy, say) and leave the running site counted offline for good: a 5xx is
-    retried with Flower's backoff, as Flower retries 502-504; any other error ends this SuperNode, as
-    Flower's own 401 does, so that its service manager starts it again."""
+    """Flower's node heartbeat, retried with its backoff on every error but a 401."""
 
     failing = False
 
@@ -228,30 +245,21 @@ class _Heartbeat(heartbeat.HeartbeatSender):
         except heartbeat.HeartbeatFailure:
             raise
         except httpx.HTTPStatusError as e:
-            if e.response.status_code == 401:  # Flower has ended this SuperNode
-                raise heartbeat.HeartbeatFailure from e
-            if e.response.status_code < 500:
-                self._end(e)
-            if not self.failing:
-                print(f"dpfl-supernode: the SuperLink answered a heartbeat with HTTP {{e.response.status_code}}; "
-                      "retrying", file=sys.stderr, flush=True)
-            self.failing = True
-            raise heartbeat.HeartbeatFailure from e
+            if e.response.status_code == 401:  # Flower has signalled this SuperNode to end: beat no more
+                self._stop_event.wait()
+                return
+            self._failed(e)
         except Exception as e:  # noqa: BLE001
-            self._end(e)
+            self._failed(e)
         if self.failing:
-            print("dpfl-supernode: heartbeats answered again", file=sys.stderr, flush=True)
+            _say("heartbeats answered again")
         self.failing = False
 
-    ending = False
-
-    def _end(self, e):
-        if not self.ending:  # once: a second SIGINT would cut Flower's graceful exit short
-            print(f"dpfl-supernode: a heartbeat failed ({{type(e).__name__}}: {{e}}); ending this SuperNode",
-                  file=sys.stderr, flush=True)
-            self.ending = True
-            os.kill(os.getpid(), signal.SIGINT)
-        raise heartbeat.HeartbeatFailure from e  # retried until the SuperNode, leaving, stops this thread
+    def _failed(self, e):
+        if not self.failing:
+            _say(f"a heartbeat failed ({{type(e).__name__}}: {{e}}); retrying")
+        self.failing = True
+        raise heartbeat.HeartbeatFailure from e
 
 
 fleet.HeartbeatSender = _Heartbeat
@@ -359,7 +367,14 @@ if FORK_SERVER and sys.platform.startswith("linux"):  # fork, SO_PEERCRED
 
 from flwr.supernode.cli import flower_supernode  # noqa: E402
 
-sys.exit(flower_supernode())
+flower_supernode()  # Flower's own exits (a signal, a refused start) end it here with their codes
+# its loop ended on an error it logged above, and its Runtime API thread would keep this process up
+_say("the SuperNode left the federation on the error above; exiting with code 75, to be started again")
+try:
+    sys.stdout.flush()
+except Exception:  # noqa: BLE001
+    pass
+os._exit(75)  # EX_TEMPFAIL
 '''
 
 

@@ -204,7 +204,7 @@ def test_a_flower_whose_heartbeat_differs_is_refused_in_one_line(tmp_path):
 
 
 BEAT_PROBE = """
-import runpy, signal, sys, time
+import os, runpy, signal, sys, time
 import httpx
 sys.argv = ["dpfl-supernode", "--help"]
 try:
@@ -220,12 +220,14 @@ def status(code):
     req = httpx.Request("POST", "https://superlink/send-node-heartbeat")
     return httpx.HTTPStatusError(f"HTTP {{code}}", request=req, response=httpx.Response(code, request=req))
 
-answers = [status(500), status(500), True, True, status(404), status(404), RuntimeError("not recognised")]
+answers = [status(500), status(500), True, True, status(404), RuntimeError("not recognised"), True, status(401)]
 calls = []
 
-def beat():
+def beat():  # Flower's send_node_heartbeat, answered in turn
     a = answers[min(len(calls), len(answers) - 1)]
     calls.append(a)
+    if isinstance(a, httpx.HTTPStatusError) and a.response.status_code == 401:
+        os.kill(os.getpid(), signal.SIGINT)  # as Flower's
     if isinstance(a, Exception):
         raise a
     return a
@@ -233,39 +235,103 @@ def beat():
 sender = fleet.HeartbeatSender(beat)
 sender.start()
 end = time.monotonic() + 60
-while len(calls) < len(answers) + 1 and time.monotonic() < end:
+while len(calls) < len(answers) and time.monotonic() < end:
     time.sleep(0.05)
+time.sleep(1.5)  # no beat after the 401
 print("CALLS", len(calls), "ALIVE", sender._thread.is_alive(), "SIGNALS", signals)
 if sender._thread.is_alive():
     sender.stop()
+print("STOPPED", not sender._thread.is_alive())
 """
 
 
-def test_the_supernodes_heartbeat_survives_a_server_error_and_ends_the_node_on_any_other(tmp_path):
+def test_the_supernodes_heartbeat_survives_any_error_but_a_401(tmp_path):
     """Flower's node heartbeat thread ends on an HTTP 500 (and on any error but 502-504), leaving a
-    running site offline for good: dpfl-supernode retries a 5xx and ends the SuperNode (SIGINT, once)
-    on anything else, so that it is started again."""
+    running site offline for good: dpfl-supernode retries every error with Flower's backoff, saying so
+    once a streak; on a 401, on which Flower signals the SuperNode to end, it beats no more."""
     path = launcher.write_supernode(tmp_path / "bin", 0.25)
     res = subprocess.run([sys.executable, "-c", BEAT_PROBE.format(path=str(path))], capture_output=True,
                          text=True, check=False, timeout=120)
     assert "EXIT 0" in res.stdout, res.stdout + res.stderr
-    # two 500s retried, two beats, then a 404: one SIGINT, the thread still beating until the node leaves
-    assert "CALLS 8 ALIVE True SIGNALS ['SIGINT']" in res.stdout, res.stdout + res.stderr
+    assert "CALLS 8 ALIVE True SIGNALS ['SIGINT']" in res.stdout and "STOPPED True" in res.stdout, \
+        res.stdout + res.stderr
     err = res.stderr
-    assert err.count("the SuperLink answered a heartbeat with HTTP 500; retrying") == 1
-    assert err.count("heartbeats answered again") == 1
-    assert err.count("a heartbeat failed (HTTPStatusError: HTTP 404); ending this SuperNode") == 1
-    assert "Traceback" not in err
+    assert err.count("a heartbeat failed (HTTPStatusError: HTTP 500); retrying") == 1
+    assert err.count("a heartbeat failed (HTTPStatusError: HTTP 404); retrying") == 1
+    assert err.count("heartbeats answered again") == 2
+    assert "not recognised" not in err and "Traceback" not in err  # the same streak as the 404
 
 
-def test_a_flower_whose_node_heartbeat_differs_is_refused_in_one_line(tmp_path):
-    other = tmp_path / "fleet_http_connection.py"
-    other.write_text("def http_request_response():\n    beat = Beat(send_heartbeat)\n")
-    setup = f"import flwr.supernode.fleet_http_connection as fleet; fleet.__file__ = {str(other)!r}"
-    res = _probe(launcher.write_supernode(tmp_path / "bin", 0.25), setup=setup)
-    out = res.stdout + res.stderr
-    assert "the node heartbeat of Flower" in out and "start flower-supernode instead" in out
-    assert "usage:" not in out and "EXIT 0" not in out
+RETRY_PROBE = """
+import runpy, sys
+import httpx
+sys.argv = ["dpfl-supernode", "--help"]
+try:
+    runpy.run_path({path!r}, run_name="__main__")
+except SystemExit as e:
+    print("EXIT", repr(e.code))
+from flwr.supercore.retry.http_retry import make_simple_http_retry_invoker
+
+def failing(*codes):
+    left = list(codes)
+    def call():
+        if left:
+            req = httpx.Request("POST", "https://superlink/pull-messages")
+            raise httpx.HTTPStatusError("x", request=req, response=httpx.Response(left.pop(0), request=req))
+        return "answered"
+    return call
+
+print("RETRIED", make_simple_http_retry_invoker().invoke(failing(500, 429, 408, 503)))
+try:
+    make_simple_http_retry_invoker().invoke(failing(400))
+except httpx.HTTPStatusError as e:
+    print("GAVE UP ON", e.response.status_code)
+"""
+
+
+def test_the_supernodes_requests_retry_a_500_as_flower_retries_a_503(tmp_path):
+    """Flower's SuperNode gives up on an HTTP 500 from the SuperLink (its loop ends, the node leaves
+    the federation): dpfl-supernode's requests retry 500, 408 and 429 as Flower retries 502-504; a
+    400 still ends them."""
+    path = launcher.write_supernode(tmp_path / "bin", 0.25)
+    res = subprocess.run([sys.executable, "-c", RETRY_PROBE.format(path=str(path))], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert "EXIT 0" in res.stdout and "RETRIED answered" in res.stdout, res.stdout + res.stderr
+    assert "GAVE UP ON 400" in res.stdout, res.stdout + res.stderr
+
+
+END_PROBE = """
+import runpy, sys, threading, time
+import flwr.supernode.cli
+threading.Thread(target=time.sleep, args=(300,), daemon={daemon}).start()  # Flower's Runtime API thread
+flwr.supernode.cli.flower_supernode = {fake}
+sys.argv = ["dpfl-supernode"]
+runpy.run_path({path!r}, run_name="__main__")
+print("NOT ENDED", flush=True)
+"""
+
+
+# (Flower's own exits force theirs after 5 s: the stand-in thread is a daemon there)
+@pytest.mark.parametrize("fake, code, daemon", [("lambda: None", 75, False), ("lambda: sys.exit(3)", 3, True)])
+def test_a_supernode_whose_loop_ends_exits_with_75_not_hangs(tmp_path, fake, code, daemon):
+    """Flower's SuperNode whose loop ends on an error (logged) returns, and its Runtime API thread keeps
+    the process up, out of the federation: dpfl-supernode exits with 75 (EX_TEMPFAIL), for a service
+    manager to start it again; Flower's own exits keep their codes."""
+    path = launcher.write_supernode(tmp_path / "bin", 0.25)
+    res = subprocess.run([sys.executable, "-c", END_PROBE.format(path=str(path), fake=fake, daemon=daemon)], capture_output=True,
+                         text=True, check=False, timeout=60)
+    assert res.returncode == code and "NOT ENDED" not in res.stdout, res.stdout + res.stderr
+    said = "the SuperNode left the federation on the error above; exiting with code 75" in res.stderr
+    assert said == (code == 75)
+
+
+def test_a_flower_whose_retries_differ_is_refused_in_one_line(tmp_path):
+    for setup in ["import flwr.supercore.retry.http_retry as r; r._RETRYABLE_STATUS_CODES = frozenset({503})",
+                  "import flwr.supernode.fleet_http_connection as f; f.HeartbeatSender = object"]:
+        res = _probe(launcher.write_supernode(tmp_path / "bin", 0.25), setup=setup)
+        out = res.stdout + res.stderr
+        assert "the retries of Flower" in out and "start flower-supernode instead" in out, out
+        assert "usage:" not in out and "EXIT 0" not in out
 
 
 @pytest.mark.parametrize("seconds", [9.9, 1800.5, float("nan"), True, "10"])
