@@ -200,31 +200,78 @@ loop.time = _Time()
 # the heartbeat interval this SuperNode declares (Flower: 30 s): the SuperLink counts it offline 2
 # intervals after its last heartbeat, and heartbeats go every (interval - 5 s) * 0.8
 HEARTBEAT = {heartbeat!r}
-# Flower's SuperNode gives up on an HTTP 500 (or 408, 429) from the SuperLink, a locked database or a
-# proxy's: its loop ends, the node is deactivated, and the process stays up on its Runtime API thread,
-# out of the federation for good; its heartbeat thread ends on such an answer too. Here the SuperLink's
-# requests retry them as Flower retries 502-504, the heartbeat retries every error but a 401 (on which
-# Flower ends the SuperNode), and a loop that ends all the same ends the process (code 75, below)
+# Flower's SuperNode gives up on an HTTP 500 (or 408, 429) from the SuperLink (its database locked, a
+# proxy's answer) when it pulls: its loop ends, and the process stays up on its Runtime API thread, out
+# of the federation for good; its heartbeat thread ends on such an answer too. Here the SuperLink's
+# requests retry them as Flower retries 502-504, for up to PATIENCE s of them in a row; the heartbeat
+# retries every error but a 401 (on which Flower ends the SuperNode); a SuperNode whose loop ends all
+# the same ends its process (code 75, below)
 import httpx  # noqa: E402
 import flwr.supercore.heartbeat as heartbeat  # noqa: E402
-import flwr.supercore.retry.http_retry as http_retry  # noqa: E402
 import flwr.supernode.fleet_http_connection as fleet  # noqa: E402
 
+PATIENCE = 300.0
+SERVER_ERRORS = (408, 429, 500)
 with open(fleet.__file__, encoding="utf-8") as f:
     text = f.read()
 with open(heartbeat.__file__, encoding="utf-8") as f:
     beats = f.read()
-with open(http_retry.__file__, encoding="utf-8") as f:
-    retries = f.read()
 if not (text.count("HeartbeatSender(send_node_heartbeat)") == 1 and text.count("os.kill(os.getpid(), signal.SIGINT)") == 1
+        and text.count("retry_invoker = make_simple_http_retry_invoker()") == 1
+        and text.count("make_simple_http_retry_invoker") == 2 and text.count("log(ERROR, exc)") == 1
         and beats.count("self._retry_invoker.invoke(self._heartbeat)") == 1
         and beats.count("HeartbeatFailure,  # The only exception we want to retry on") == 1
-        and retries.count("return status_code not in _RETRYABLE_STATUS_CODES") == 1
-        and fleet.HeartbeatSender is heartbeat.HeartbeatSender
-        and http_retry._RETRYABLE_STATUS_CODES == {{502, 503, 504}}):
+        and fleet.HeartbeatSender is heartbeat.HeartbeatSender):
     sys.exit(f"dpfl-supernode: the retries of Flower {{flwr.__version__}} are not the ones this script "
              "changes; start flower-supernode instead")
-http_retry._RETRYABLE_STATUS_CODES = frozenset({{408, 429, 500, 502, 503, 504}})
+_flower_invoker = fleet.make_simple_http_retry_invoker
+
+
+def _invoker():
+    """Flower's retries for the SuperLink's requests, with 500, 408 and 429 retried as 502-504 are,
+    until PATIENCE s have passed since the first of a streak with no success."""
+    inv = _flower_invoker()
+    flower_giveup, flower_success = inv.should_giveup, inv.on_success
+    since = []
+
+    def should_giveup(exc):
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in SERVER_ERRORS:
+            since[:] = since or [time.monotonic()]
+            return time.monotonic() - since[0] > PATIENCE
+        return flower_giveup(exc)
+
+    def on_success(state):
+        since.clear()
+        if flower_success is not None:
+            flower_success(state)
+
+    inv.should_giveup, inv.on_success = should_giveup, on_success
+    return inv
+
+
+def _retries_a_500():
+    inv = _invoker()
+    inv.wait_function = lambda seconds: None
+    inv.on_success = inv.on_backoff = None
+    answers = []
+
+    def answer():
+        answers.append(1)
+        if len(answers) == 1:
+            req = httpx.Request("POST", "https://superlink/")
+            raise httpx.HTTPStatusError("500", request=req, response=httpx.Response(500, request=req))
+        return True
+
+    try:
+        return inv.invoke(answer) is True and len(answers) == 2
+    except Exception:  # noqa: BLE001
+        return False
+
+
+if not _retries_a_500():
+    sys.exit(f"dpfl-supernode: the retries of Flower {{flwr.__version__}} are not the ones this script "
+             "changes; start flower-supernode instead")
+fleet.make_simple_http_retry_invoker = _invoker
 
 
 def _say(line):
@@ -251,7 +298,7 @@ class _Heartbeat(heartbeat.HeartbeatSender):
             self._failed(e)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
-        if self.failing:
+        if self.failing and not self._stop_event.is_set():
             _say("heartbeats answered again")
         self.failing = False
 
@@ -367,9 +414,17 @@ if FORK_SERVER and sys.platform.startswith("linux"):  # fork, SO_PEERCRED
 
 from flwr.supernode.cli import flower_supernode  # noqa: E402
 
-flower_supernode()  # Flower's own exits (a signal, a refused start) end it here with their codes
-# its loop ended on an error it logged above, and its Runtime API thread would keep this process up
-_say("the SuperNode left the federation on the error above; exiting with code 75, to be started again")
+try:
+    flower_supernode()  # Flower's own exits (a signal, a refused start) end it here with their codes
+    # its loop ended on an error it logged above, and its Runtime API thread would keep this process up
+    _say("the SuperNode left the federation on the error above; exiting with code 75, to be started again")
+except SystemExit:
+    raise
+except BaseException:  # noqa: BLE001 (an error past Flower's own handling: the same thread would hang)
+    import traceback
+
+    traceback.print_exc()
+    _say("the SuperNode ended on the error above; exiting with code 75, to be started again")
 try:
     sys.stdout.flush()
 except Exception:  # noqa: BLE001

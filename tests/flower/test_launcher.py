@@ -263,14 +263,15 @@ def test_the_supernodes_heartbeat_survives_any_error_but_a_401(tmp_path):
 
 
 RETRY_PROBE = """
-import runpy, sys
+import runpy, sys, time
 import httpx
 sys.argv = ["dpfl-supernode", "--help"]
 try:
     runpy.run_path({path!r}, run_name="__main__")
 except SystemExit as e:
     print("EXIT", repr(e.code))
-from flwr.supercore.retry.http_retry import make_simple_http_retry_invoker
+import flwr.supernode.fleet_http_connection as fleet
+script = fleet.make_simple_http_retry_invoker.__globals__  # the script's
 
 def failing(*codes):
     left = list(codes)
@@ -281,23 +282,41 @@ def failing(*codes):
         return "answered"
     return call
 
-print("RETRIED", make_simple_http_retry_invoker().invoke(failing(500, 429, 408, 503)))
-try:
-    make_simple_http_retry_invoker().invoke(failing(400))
-except httpx.HTTPStatusError as e:
-    print("GAVE UP ON", e.response.status_code)
+def invoker(wait=0.0):
+    inv = fleet.make_simple_http_retry_invoker()  # what the SuperNode's connection makes
+    inv.wait_function = lambda seconds: time.sleep(wait)
+    return inv
+
+def outcome(inv, *codes):
+    try:
+        return inv.invoke(failing(*codes))
+    except httpx.HTTPStatusError as e:
+        return f"gave up on {{e.response.status_code}}"
+
+print("RETRIED", outcome(invoker(), 500, 429, 408, 503, 500, 502))
+print("BAD REQUEST", outcome(invoker(), 400))
+script["PATIENCE"] = 0.2
+inv = invoker(0.15)
+print("STREAK", outcome(inv, 500, 500, 500))
+inv = invoker(0.15)
+first = outcome(inv, 500)
+time.sleep(0.3)
+print("NEW STREAK", first, outcome(inv, 500))  # the success in between starts the count again
 """
 
 
 def test_the_supernodes_requests_retry_a_500_as_flower_retries_a_503(tmp_path):
     """Flower's SuperNode gives up on an HTTP 500 from the SuperLink (its loop ends, the node leaves
-    the federation): dpfl-supernode's requests retry 500, 408 and 429 as Flower retries 502-504; a
-    400 still ends them."""
+    the federation): dpfl-supernode's requests retry 500, 408 and 429 as Flower retries 502-504, until
+    PATIENCE s of them in a row; a 400 still ends them."""
     path = launcher.write_supernode(tmp_path / "bin", 0.25)
     res = subprocess.run([sys.executable, "-c", RETRY_PROBE.format(path=str(path))], capture_output=True,
                          text=True, check=False, timeout=120)
-    assert "EXIT 0" in res.stdout and "RETRIED answered" in res.stdout, res.stdout + res.stderr
-    assert "GAVE UP ON 400" in res.stdout, res.stdout + res.stderr
+    out = res.stdout + res.stderr
+    assert "EXIT 0" in res.stdout and "RETRIED answered" in res.stdout, out
+    assert "BAD REQUEST gave up on 400" in res.stdout, out
+    assert "STREAK gave up on 500" in res.stdout, out  # 0.3 s of 500s, past a patience of 0.2 s
+    assert "NEW STREAK answered answered" in res.stdout, out
 
 
 END_PROBE = """
@@ -312,7 +331,8 @@ print("NOT ENDED", flush=True)
 
 
 # (Flower's own exits force theirs after 5 s: the stand-in thread is a daemon there)
-@pytest.mark.parametrize("fake, code, daemon", [("lambda: None", 75, False), ("lambda: sys.exit(3)", 3, True)])
+@pytest.mark.parametrize("fake, code, daemon", [("lambda: None", 75, False), ("lambda: sys.exit(3)", 3, True),
+                                                ("lambda: 1 / 0", 75, False)])
 def test_a_supernode_whose_loop_ends_exits_with_75_not_hangs(tmp_path, fake, code, daemon):
     """Flower's SuperNode whose loop ends on an error (logged) returns, and its Runtime API thread keeps
     the process up, out of the federation: dpfl-supernode exits with 75 (EX_TEMPFAIL), for a service
@@ -321,12 +341,12 @@ def test_a_supernode_whose_loop_ends_exits_with_75_not_hangs(tmp_path, fake, cod
     res = subprocess.run([sys.executable, "-c", END_PROBE.format(path=str(path), fake=fake, daemon=daemon)], capture_output=True,
                          text=True, check=False, timeout=60)
     assert res.returncode == code and "NOT ENDED" not in res.stdout, res.stdout + res.stderr
-    said = "the SuperNode left the federation on the error above; exiting with code 75" in res.stderr
-    assert said == (code == 75)
+    said = ("exiting with code 75, to be started again" in res.stderr) + ("ZeroDivisionError" in res.stderr)
+    assert said == {"lambda: None": 1, "lambda: 1 / 0": 2}.get(fake, 0), res.stderr
 
 
 def test_a_flower_whose_retries_differ_is_refused_in_one_line(tmp_path):
-    for setup in ["import flwr.supercore.retry.http_retry as r; r._RETRYABLE_STATUS_CODES = frozenset({503})",
+    for setup in ["import flwr.supercore.retry.retry_invoker as r; r.RetryInvoker.invoke = lambda s, f, *a, **k: f()",
                   "import flwr.supernode.fleet_http_connection as f; f.HeartbeatSender = object"]:
         res = _probe(launcher.write_supernode(tmp_path / "bin", 0.25), setup=setup)
         out = res.stdout + res.stderr
