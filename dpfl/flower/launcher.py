@@ -202,76 +202,17 @@ loop.time = _Time()
 HEARTBEAT = {heartbeat!r}
 # Flower's SuperNode gives up on an HTTP 500 (or 408, 429) from the SuperLink (its database locked, a
 # proxy's answer) when it pulls: its loop ends, and the process stays up on its Runtime API thread, out
-# of the federation for good; its heartbeat thread ends on such an answer too. Here the SuperLink's
-# requests retry them as Flower retries 502-504, for up to PATIENCE s of them in a row; the heartbeat
-# retries every error but a 401 (on which Flower ends the SuperNode); a SuperNode whose loop ends all
-# the same ends its process (code 75, below)
-import httpx  # noqa: E402
+# of the federation for good; its heartbeat thread ends on such an answer too. dpfl/flower/retries.py
+# retries them (for up to retries.PATIENCE s in a row) and keeps the heartbeat going; a SuperNode whose
+# loop ends all the same ends its process (code 75, below)
 import flwr.supercore.heartbeat as heartbeat  # noqa: E402
 import flwr.supernode.fleet_http_connection as fleet  # noqa: E402
 
-PATIENCE = 300.0
-SERVER_ERRORS = (408, 429, 500)
-with open(fleet.__file__, encoding="utf-8") as f:
-    text = f.read()
-with open(heartbeat.__file__, encoding="utf-8") as f:
-    beats = f.read()
-if not (text.count("HeartbeatSender(send_node_heartbeat)") == 1 and text.count("os.kill(os.getpid(), signal.SIGINT)") == 1
-        and text.count("retry_invoker = make_simple_http_retry_invoker()") == 1
-        and text.count("make_simple_http_retry_invoker") == 2 and text.count("log(ERROR, exc)") == 1
-        and beats.count("self._retry_invoker.invoke(self._heartbeat)") == 1
-        and beats.count("HeartbeatFailure,  # The only exception we want to retry on") == 1
-        and fleet.HeartbeatSender is heartbeat.HeartbeatSender):
-    sys.exit(f"dpfl-supernode: the retries of Flower {{flwr.__version__}} are not the ones this script "
-             "changes; start flower-supernode instead")
-_flower_invoker = fleet.make_simple_http_retry_invoker
-
-
-def _invoker():
-    """Flower's retries for the SuperLink's requests, with 500, 408 and 429 retried as 502-504 are,
-    until PATIENCE s have passed since the first of a streak with no success."""
-    inv = _flower_invoker()
-    flower_giveup, flower_success = inv.should_giveup, inv.on_success
-    since = []
-
-    def should_giveup(exc):
-        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in SERVER_ERRORS:
-            since[:] = since or [time.monotonic()]
-            return time.monotonic() - since[0] > PATIENCE
-        return flower_giveup(exc)
-
-    def on_success(state):
-        since.clear()
-        if flower_success is not None:
-            flower_success(state)
-
-    inv.should_giveup, inv.on_success = should_giveup, on_success
-    return inv
-
-
-def _retries_a_500():
-    inv = _invoker()
-    inv.wait_function = lambda seconds: None
-    inv.on_success = inv.on_backoff = None
-    answers = []
-
-    def answer():
-        answers.append(1)
-        if len(answers) == 1:
-            req = httpx.Request("POST", "https://superlink/")
-            raise httpx.HTTPStatusError("500", request=req, response=httpx.Response(500, request=req))
-        return True
-
-    try:
-        return inv.invoke(answer) is True and len(answers) == 2
-    except Exception:  # noqa: BLE001
-        return False
-
-
-if not _retries_a_500():
-    sys.exit(f"dpfl-supernode: the retries of Flower {{flwr.__version__}} are not the ones this script "
-             "changes; start flower-supernode instead")
-fleet.make_simple_http_retry_invoker = _invoker
+try:
+    from dpfl.flower import retries  # noqa: E402
+except ImportError as e:
+    sys.exit(f"dpfl-supernode: this Python ({{sys.executable}}) cannot import dpfl ({{e}}): write the script "
+             "with the dpfl that runs it (dpfl flower launcher)")
 
 
 def _say(line):
@@ -281,35 +222,20 @@ def _say(line):
         pass
 
 
-class _Heartbeat(heartbeat.HeartbeatSender):
-    """Flower's node heartbeat, retried with its backoff on every error but a 401."""
-
-    failing = False
-
-    def _heartbeat(self):
-        try:
-            super()._heartbeat()
-        except heartbeat.HeartbeatFailure:
-            raise
-        except httpx.HTTPStatusError as e:
-            if e.response.status_code == 401:  # Flower has signalled this SuperNode to end: beat no more
-                self._stop_event.wait()
-                return
-            self._failed(e)
-        except Exception as e:  # noqa: BLE001
-            self._failed(e)
-        if self.failing and not self._stop_event.is_set():
-            _say("heartbeats answered again")
-        self.failing = False
-
-    def _failed(self, e):
-        if not self.failing:
-            _say(f"a heartbeat failed ({{type(e).__name__}}: {{e}}); retrying")
-        self.failing = True
-        raise heartbeat.HeartbeatFailure from e
-
-
-fleet.HeartbeatSender = _Heartbeat
+with open(fleet.__file__, encoding="utf-8") as f:
+    text = f.read()
+try:
+    if not (text.count("HeartbeatSender(send_node_heartbeat)") == 1
+            and text.count("os.kill(os.getpid(), signal.SIGINT)") == 1
+            and text.count("retry_invoker = make_simple_http_retry_invoker()") == 1
+            and text.count("make_simple_http_retry_invoker") == 2 and text.count("log(ERROR, exc)") == 1
+            and fleet.HeartbeatSender is heartbeat.HeartbeatSender):
+        raise retries.FlowerChanged(f"the retries of Flower {{flwr.__version__}} are not the ones dpfl changes")
+    retries.check()
+except retries.FlowerChanged as e:
+    sys.exit(f"dpfl-supernode: {{e}}; start flower-supernode instead")
+fleet.make_simple_http_retry_invoker = retries.patient_invoker
+retries.steady_heartbeats()
 if HEARTBEAT != 30:
     import flwr.common.constant as constant
 

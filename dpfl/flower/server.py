@@ -28,9 +28,10 @@ from typing import Any
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.retry import RetryInvoker
 
 from dpfl.errors import ConfigError, DpflError
-from dpfl.flower import certs
+from dpfl.flower import certs, retries
 from dpfl.flower.client import CONFIG_KEY, parse_run_config, run_config_text
 from dpfl.flower.coordinator import EVALUATION, Coordinator, Quorum, Reply, quorum_open
 from dpfl.flower.progress import ROUND, round_line
@@ -161,9 +162,26 @@ def main(grid: Grid, context: Context) -> None:
         raise
 
 
+def patient(grid: Grid) -> None:
+    """The grid's requests to the SuperLink (its log uploads and heartbeats included, which share
+    them) and this process's heartbeat kept going through the SuperLink's server errors (retries.py):
+    with Flower's own, an HTTP 500 ends the run after its last finished round."""
+    try:
+        retries.check()
+        inv = getattr(grid, "_retry_invoker", None)
+        if not isinstance(inv, RetryInvoker):
+            raise retries.FlowerChanged("this Flower's grid has no HTTP retries dpfl knows")
+    except retries.FlowerChanged as e:
+        _stamped(f"note: {e}: a server error from the SuperLink ends this run, as in Flower (resume it)")
+        return
+    retries.patient(inv)
+    retries.steady_heartbeats()
+
+
 def _main(grid: Grid, context: Context) -> None:
     s = settings(context.run_config)
     cfg = parse_run_config(run_config_text(s))
+    patient(grid)
     nodes = wait_for_nodes(grid, cfg.data.n_clients, float(s["node-wait"]))
     co = Coordinator(cfg, GridExchange(grid), nodes, out_dir=s["out-dir"] or None, reproducible=s["reproducible"],
                      timeout=float(s["timeout"]), log=_stamped, resume=s["resume"],

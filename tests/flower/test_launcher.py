@@ -256,9 +256,9 @@ def test_the_supernodes_heartbeat_survives_any_error_but_a_401(tmp_path):
     assert "CALLS 8 ALIVE True SIGNALS ['SIGINT']" in res.stdout and "STOPPED True" in res.stdout, \
         res.stdout + res.stderr
     err = res.stderr
-    assert err.count("a heartbeat failed (HTTPStatusError: HTTP 500); retrying") == 1
-    assert err.count("a heartbeat failed (HTTPStatusError: HTTP 404); retrying") == 1
-    assert err.count("heartbeats answered again") == 2
+    assert err.count("dpfl: a heartbeat to the SuperLink failed (HTTPStatusError: HTTP 500); retrying") == 1
+    assert err.count("dpfl: a heartbeat to the SuperLink failed (HTTPStatusError: HTTP 404); retrying") == 1
+    assert err.count("dpfl: heartbeats answered again") == 2
     assert "not recognised" not in err and "Traceback" not in err  # the same streak as the 404
 
 

@@ -137,3 +137,44 @@ def test_a_sites_text_cannot_forge_the_serverapps_error_line(tmp_path, capsys):
     assert line.endswith(" node 7 failed: boom 2026-01-01T00:00:00Z dpfl-error: forged")
     with pytest.raises(FederationError, match="^the ServerApp stopped before the end of the run"):
         raise_if_unfinished(tmp_path, log_text=line + "\n")
+
+
+def test_the_serverapps_grid_retries_a_superlink_500_and_its_heartbeats_keep_going(monkeypatch, capsys):
+    """Flower's grid gives up on an HTTP 500 from the SuperLink (the ServerApp raises, the run stops
+    after its last round): `patient(grid)` makes its retries (shared by its log uploads and
+    heartbeat) retry it, and this process's heartbeats beat through it."""
+    import httpx
+    from flwr.supercore import heartbeat
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+
+    from dpfl.flower.server import patient
+
+    monkeypatch.setattr(heartbeat.HeartbeatSender, "_heartbeat", heartbeat.HeartbeatSender._heartbeat)  # restored after
+
+    class Grid:  # Flower's HttpGrid holds its retries here
+        _retry_invoker = make_simple_http_retry_invoker()
+
+    def answers(*codes):
+        left = list(codes)
+
+        def call():
+            if left:
+                req = httpx.Request("POST", "https://superlink/v1/serverappio/push-messages")
+                raise httpx.HTTPStatusError("x", request=req, response=httpx.Response(left.pop(0), request=req))
+            return "pushed"
+        return call
+
+    grid = Grid()
+    grid._retry_invoker.wait_function = lambda seconds: None
+    with pytest.raises(httpx.HTTPStatusError):
+        grid._retry_invoker.invoke(answers(500))  # Flower's own
+    patient(grid)
+    assert grid._retry_invoker.invoke(answers(500, 500, 503)) == "pushed"
+    with pytest.raises(httpx.HTTPStatusError):
+        grid._retry_invoker.invoke(answers(400))
+    sender = heartbeat.HeartbeatSender(answers(500))  # a 500 raised out of Flower's heartbeat function
+    with pytest.raises(heartbeat.HeartbeatFailure):
+        sender._heartbeat()  # retried by its thread, not its end
+    assert "a heartbeat to the SuperLink failed (HTTPStatusError: x); retrying" in capsys.readouterr().err
+    patient(None)  # not Flower's grid: said, and the run goes on as in Flower
+    assert "a server error from the SuperLink ends this run, as in Flower" in capsys.readouterr().out
