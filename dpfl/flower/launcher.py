@@ -211,8 +211,8 @@ import flwr.supernode.fleet_http_connection as fleet  # noqa: E402
 try:
     from dpfl.flower import retries  # noqa: E402
 except ImportError as e:
-    sys.exit(f"dpfl-supernode: this Python ({{sys.executable}}) cannot import dpfl ({{e}}): write the script "
-             "with the dpfl that runs it (dpfl flower launcher)")
+    sys.exit(f"dpfl-supernode: this Python ({{sys.executable}}) cannot import dpfl.flower.retries ({{e}}): "
+             "write the script with the dpfl that runs it (dpfl flower launcher)")
 
 
 def _say(line):

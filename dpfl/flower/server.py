@@ -28,7 +28,6 @@ from typing import Any
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.supercore.retry import RetryInvoker
 
 from dpfl.errors import ConfigError, DpflError
 from dpfl.flower import certs, retries
@@ -163,11 +162,13 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def patient(grid: Grid) -> None:
-    """The grid's requests to the SuperLink (its log uploads and heartbeats included, which share
-    them) and this process's heartbeat kept going through the SuperLink's server errors (retries.py):
-    with Flower's own, an HTTP 500 ends the run after its last finished round."""
+    """From here on, the grid's requests to the SuperLink (its log uploads and heartbeat included,
+    which share them) and this process's heartbeat kept going through the SuperLink's server errors
+    (retries.py): with Flower's own, an HTTP 500 ends the run after its last finished round."""
     try:
         retries.check()
+        from flwr.supercore.retry import RetryInvoker
+
         inv = getattr(grid, "_retry_invoker", None)
         if not isinstance(inv, RetryInvoker):
             raise retries.FlowerChanged("this Flower's grid has no HTTP retries dpfl knows")

@@ -271,7 +271,8 @@ try:
 except SystemExit as e:
     print("EXIT", repr(e.code))
 import flwr.supernode.fleet_http_connection as fleet
-script = fleet.make_simple_http_retry_invoker.__globals__  # the script's
+from dpfl.flower import retries
+assert fleet.make_simple_http_retry_invoker is retries.patient_invoker  # what the script put there
 
 def failing(*codes):
     left = list(codes)
@@ -295,7 +296,7 @@ def outcome(inv, *codes):
 
 print("RETRIED", outcome(invoker(), 500, 429, 408, 503, 500, 502))
 print("BAD REQUEST", outcome(invoker(), 400))
-script["PATIENCE"] = 0.2
+retries.PATIENCE = 0.2
 inv = invoker(0.15)
 print("STREAK", outcome(inv, 500, 500, 500))
 inv = invoker(0.15)

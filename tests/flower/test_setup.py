@@ -176,5 +176,31 @@ def test_the_serverapps_grid_retries_a_superlink_500_and_its_heartbeats_keep_goi
     with pytest.raises(heartbeat.HeartbeatFailure):
         sender._heartbeat()  # retried by its thread, not its end
     assert "a heartbeat to the SuperLink failed (HTTPStatusError: x); retrying" in capsys.readouterr().err
+    # the 300 s of 500s are counted per thread: the heartbeat's and log uploads' successes (other
+    # threads, the same retries) do not keep a request the SuperLink always refuses going for ever
+    import threading
+    import time
+
+    from dpfl.flower import retries
+
+    monkeypatch.setattr(retries, "PATIENCE", 0.3)
+    grid._retry_invoker.wait_function = lambda seconds: time.sleep(0.02)
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            grid._retry_invoker.invoke(answers())
+            time.sleep(0.01)
+
+    beating = threading.Thread(target=beat)
+    beating.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(httpx.HTTPStatusError):
+            grid._retry_invoker.invoke(answers(*[500] * 1000))
+    finally:
+        stop.set()
+        beating.join()
+    assert 0.3 < time.monotonic() - t0 < 5
     patient(None)  # not Flower's grid: said, and the run goes on as in Flower
     assert "a server error from the SuperLink ends this run, as in Flower" in capsys.readouterr().out
