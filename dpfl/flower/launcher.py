@@ -215,13 +215,6 @@ except ImportError as e:
              "write the script with the dpfl that runs it (dpfl flower launcher)")
 
 
-def _say(line):
-    try:
-        print(f"dpfl-supernode: {{line}}", file=sys.stderr, flush=True)
-    except Exception:  # noqa: BLE001 (a closed stderr: nothing to say it on)
-        pass
-
-
 with open(fleet.__file__, encoding="utf-8") as f:
     text = f.read()
 try:
@@ -343,14 +336,15 @@ from flwr.supernode.cli import flower_supernode  # noqa: E402
 try:
     flower_supernode()  # Flower's own exits (a signal, a refused start) end it here with their codes
     # its loop ended on an error it logged above, and its Runtime API thread would keep this process up
-    _say("the SuperNode left the federation on the error above; exiting with code 75, to be started again")
+    retries.say("dpfl-supernode: the SuperNode left the federation on the error above; exiting with code 75, "
+                "to be started again")
 except SystemExit:
     raise
 except BaseException:  # noqa: BLE001 (an error past Flower's own handling: the same thread would hang)
     import traceback
 
     traceback.print_exc()
-    _say("the SuperNode ended on the error above; exiting with code 75, to be started again")
+    retries.say("dpfl-supernode: the SuperNode ended on the error above; exiting with code 75, to be started again")
 try:
     sys.stdout.flush()
 except Exception:  # noqa: BLE001

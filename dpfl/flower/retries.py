@@ -99,8 +99,9 @@ def _version() -> str:
     return flwr.__version__
 
 
-def _say(line: str) -> None:
-    with contextlib.suppress(Exception):  # a closed stderr: nothing to say it on
+def say(line: str) -> None:
+    """`line` on stderr, flushed; nothing where stderr is closed."""
+    with contextlib.suppress(Exception):
         print(line, file=sys.stderr, flush=True)
 
 
@@ -126,11 +127,11 @@ def steady_heartbeats() -> None:
                 self._stop_event.wait()
                 return
             if not getattr(self, "_dpfl_failing", False):
-                _say(f"dpfl: a heartbeat to the SuperLink failed ({type(e).__name__}: {e}); retrying")
+                say(f"dpfl: a heartbeat to the SuperLink failed ({type(e).__name__}: {e}); retrying")
             self._dpfl_failing = True
             raise heartbeat.HeartbeatFailure from e
         if getattr(self, "_dpfl_failing", False) and not self._stop_event.is_set():
-            _say("dpfl: heartbeats answered again")
+            say("dpfl: heartbeats answered again")
         self._dpfl_failing = False
 
     steady.dpfl = True

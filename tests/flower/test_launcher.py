@@ -203,7 +203,9 @@ def test_a_flower_whose_heartbeat_differs_is_refused_in_one_line(tmp_path):
     assert "EXIT 0" in res.stdout and "HEARTBEAT 30 60 30" in res.stdout
 
 
-BEAT_PROBE = """
+# the script's patches applied in this process (its --help ends it before Flower starts), and an
+# HTTP error as the SuperLink's client raises it
+SCRIPT_RUN = """
 import os, runpy, signal, sys, time
 import httpx
 sys.argv = ["dpfl-supernode", "--help"]
@@ -211,14 +213,17 @@ try:
     runpy.run_path({path!r}, run_name="__main__")
 except SystemExit as e:
     print("EXIT", repr(e.code))
+
+def status(code):
+    req = httpx.Request("POST", "https://superlink/v1/fleet")
+    return httpx.HTTPStatusError(f"HTTP {{code}}", request=req, response=httpx.Response(code, request=req))
+"""
+
+BEAT_PROBE = SCRIPT_RUN + """
 import flwr.supercore.heartbeat as hb, flwr.supernode.fleet_http_connection as fleet
 hb.HEARTBEAT_DEFAULT_INTERVAL = 5.5  # a beat every 0.4 s or so, not to wait here
 signals = []
 signal.signal(signal.SIGINT, lambda *_: signals.append("SIGINT"))
-
-def status(code):
-    req = httpx.Request("POST", "https://superlink/send-node-heartbeat")
-    return httpx.HTTPStatusError(f"HTTP {{code}}", request=req, response=httpx.Response(code, request=req))
 
 answers = [status(500), status(500), True, True, status(404), RuntimeError("not recognised"), True, status(401)]
 calls = []
@@ -262,14 +267,7 @@ def test_the_supernodes_heartbeat_survives_any_error_but_a_401(tmp_path):
     assert "not recognised" not in err and "Traceback" not in err  # the same streak as the 404
 
 
-RETRY_PROBE = """
-import runpy, sys, time
-import httpx
-sys.argv = ["dpfl-supernode", "--help"]
-try:
-    runpy.run_path({path!r}, run_name="__main__")
-except SystemExit as e:
-    print("EXIT", repr(e.code))
+RETRY_PROBE = SCRIPT_RUN + """
 import flwr.supernode.fleet_http_connection as fleet
 from dpfl.flower import retries
 assert fleet.make_simple_http_retry_invoker is retries.patient_invoker  # what the script put there
@@ -278,8 +276,7 @@ def failing(*codes):
     left = list(codes)
     def call():
         if left:
-            req = httpx.Request("POST", "https://superlink/pull-messages")
-            raise httpx.HTTPStatusError("x", request=req, response=httpx.Response(left.pop(0), request=req))
+            raise status(left.pop(0))
         return "answered"
     return call
 
